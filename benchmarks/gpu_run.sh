@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call: smoke test, path thresholds, GPU test suite, compute-sanitizer, benchmark.
+# Usage (on the GPU machine, repo root): bash benchmarks/gpu_run.sh [STEPS...]
+#   steps: smoke thresholds tests sanitize bench  (default: all)
+# Logs and results go to $OUT (device tool) or benchmarks/results/.
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-benchmarks/results}
+mkdir -p "$OUT"
+steps=${*:-smoke thresholds tests sanitize bench}
+status=0
+for step in $steps; do
+  echo "=== $step ($(date +%T)) ==="
+  case $step in
+    smoke)
+      nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
+      python -c "import cupy, cunorm; x=cupy.random.rand(4,1000,dtype='float32'); print(float(cunorm.softmax(x).sum()))" || status=1
+      python tools/profile.py overhead || status=1 ;;
+    profile)
+      python tools/profile.py kernels  # compile first, outside the profiler
+      ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+          --section WarpStateStats -k regex:softmax python tools/profile.py kernels > "$OUT/ncu.txt" 2>&1
+      grep -E "softmax_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Grid Size|Compute \(SM\) Throughput|Issue Slots Busy" "$OUT/ncu.txt" | cut -c1-150
+      python tools/sass_summary.py 90 "cunorm::softmax_warp<cunorm::half_t, cunorm::half_t, false, 8, 32, 32, 1>" \
+        "cunorm::softmax_smem<cunorm::half_t, cunorm::half_t, false, 8>" \
+        "cunorm::softmax_uncached<float, float, false, 4>" > "$OUT/sass-summary.txt" 2>&1; head -60 "$OUT/sass-summary.txt" ;;
+    thresholds)
+      python benchmarks/thresholds.py --out "$OUT" || status=1 ;;
+    tests)
+      python -m pytest tests -m "gpu" -q -n 8 -p no:cacheprovider --timeout 900 --maxfail=40 2>&1 | tee "$OUT/pytest-gpu.log" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 python tools/sanitize.py > "$OUT/sanitize-$tool.log" 2>&1
+        rc=$?; echo "compute-sanitizer $tool: exit $rc"; tail -3 "$OUT/sanitize-$tool.log"
+        [ $rc = 0 ] || status=1
+      done ;;
+    bench)
+      python -m cunorm.bench softmax --out "$OUT" && python -m cunorm.bench log_softmax --out "$OUT" || status=1 ;;
+  esac
+done
+echo "=== done: status $status ($(date +%T)) ==="
+exit $status

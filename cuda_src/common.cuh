@@ -1,0 +1,471 @@
+// cunorm shared device code: storage types, compute-type traits, 16-byte packs,
+// LOAD/STORE functors, warp/block/cluster all-reduce and the online (max, sum) pair.
+//
+// Every op kernel (softmax.cu, norm.cu, ...) is compiled with this header inlined in front
+// of it (see cunorm/_kernels.py): CuPy's disk cache keys on the source string only, so an
+// #include would let an edited header load a stale binary.
+#pragma once
+
+namespace cunorm {
+
+typedef long long i64;
+
+// Half and bfloat16 are carried as raw 16-bit storage so that no CUDA half header is
+// needed under NVRTC or nvcc; conversions are single PTX instructions.
+struct __align__(2) half_t { unsigned short bits; };
+struct __align__(2) bf16_t { unsigned short bits; };
+
+template <typename A, typename B> struct IsSame { static constexpr bool value = false; };
+template <typename A> struct IsSame<A, A> { static constexpr bool value = true; };
+
+// Arithmetic type for a storage type: float for the 16-bit types, itself otherwise.
+template <typename T> struct ComputeOf { typedef T type; };
+template <> struct ComputeOf<half_t> { typedef float type; };
+template <> struct ComputeOf<bf16_t> { typedef float type; };
+
+// Wider of two compute types (float64 wins): used when the output dtype differs from the input.
+template <typename A, typename B> struct Wider { typedef float type; };
+template <typename B> struct Wider<double, B> { typedef double type; };
+template <typename A> struct Wider<A, double> { typedef double type; };
+template <> struct Wider<double, double> { typedef double type; };
+
+__device__ __forceinline__ float to_float(half_t v) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+  return f;
+}
+__device__ __forceinline__ float to_float(bf16_t v) {
+  return __uint_as_float(static_cast<unsigned>(v.bits) << 16);
+}
+
+// Convert a storage value to compute type C.
+template <typename C> __device__ __forceinline__ C to_compute(half_t v) { return static_cast<C>(to_float(v)); }
+template <typename C> __device__ __forceinline__ C to_compute(bf16_t v) { return static_cast<C>(to_float(v)); }
+template <typename C> __device__ __forceinline__ C to_compute(float v) { return static_cast<C>(v); }
+template <typename C> __device__ __forceinline__ C to_compute(double v) { return static_cast<C>(v); }
+
+// Convert a compute value to storage type T, rounding to nearest even.
+template <typename T> struct FromCompute;
+template <> struct FromCompute<float> {
+  static __device__ __forceinline__ float cvt(float v) { return v; }
+  static __device__ __forceinline__ float cvt(double v) { return static_cast<float>(v); }
+};
+template <> struct FromCompute<double> {
+  static __device__ __forceinline__ double cvt(float v) { return v; }
+  static __device__ __forceinline__ double cvt(double v) { return v; }
+};
+template <> struct FromCompute<half_t> {
+  static __device__ __forceinline__ half_t cvt(float v) {
+    half_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
+    return h;
+  }
+  static __device__ __forceinline__ half_t cvt(double v) {
+    half_t h;
+    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h.bits) : "d"(v));
+    return h;
+  }
+};
+template <> struct FromCompute<bf16_t> {
+  static __device__ __forceinline__ bf16_t cvt(float v) {
+    bf16_t b;
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b.bits) : "f"(v));
+#else
+    unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      b.bits = static_cast<unsigned short>((u >> 16) | 0x40u);  // quiet NaN
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+      b.bits = static_cast<unsigned short>(u >> 16);
+    }
+#endif
+    return b;
+  }
+  // double -> float -> bf16: the double rounding is below bf16's resolution in practice.
+  static __device__ __forceinline__ bf16_t cvt(double v) { return cvt(static_cast<float>(v)); }
+};
+template <typename T, typename C> __device__ __forceinline__ T from_compute(C v) {
+  return FromCompute<T>::cvt(v);
+}
+
+// ---------------------------------------------------------------------------------------
+// Math in the compute type. float uses the accurate expf/logf (float32 error budget is
+// 2e-6); the 16-bit types only need the fast hardware approximation.
+template <typename C> struct Math;
+template <> struct Math<float> {
+  static __device__ __forceinline__ float exp(float x) { return ::expf(x); }
+  static __device__ __forceinline__ float log(float x) { return ::logf(x); }
+  static __device__ __forceinline__ float rsqrt(float x) { return ::rsqrtf(x); }
+  // 1/x: approximate reciprocal and one Newton step (no out-of-line slow path as 1.0f / x has).
+  static __device__ __forceinline__ float rcp(float x) {
+    const float y = __fdividef(1.0f, x);
+    if (!(y > 0.0f && y < 3.4e38f)) return y;
+    return fmaf(y, fmaf(-x, y, 1.0f), y);
+  }
+  static __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+  static __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
+};
+// exp for double without the library's out-of-line slow path (whose call forces register
+// spills in unrolled kernels): Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, degree-12
+// Taylor polynomial (truncation < 2e-16 relative), 2^k applied in two halves so that results
+// near the overflow and subnormal edges stay exact.
+__device__ __forceinline__ double exp_f64(double x) {
+  if (!(x > -745.2)) return x != x ? x : 0.0;         // NaN stays NaN; -inf and underflow -> 0
+  if (x > 709.79) return __longlong_as_double(0x7ff0000000000000ll);  // overflow -> inf
+  const double k = rint(x * 1.4426950408889634);
+  double r = fma(-k, 6.93147180369123816490e-01, x);  // ln2 high part: k * hi is exact
+  r = fma(-k, 1.90821492927058770002e-10, r);         // ln2 low part
+  double p = 2.08767569878680989792e-09;              // 1/12!
+  p = fma(p, r, 2.50521083854417187751e-08);          // 1/11!
+  p = fma(p, r, 2.75573192239858906526e-07);
+  p = fma(p, r, 2.75573192239858906526e-06);
+  p = fma(p, r, 2.48015873015873015873e-05);
+  p = fma(p, r, 1.98412698412698412698e-04);
+  p = fma(p, r, 1.38888888888888888889e-03);
+  p = fma(p, r, 8.33333333333333333333e-03);
+  p = fma(p, r, 4.16666666666666666667e-02);
+  p = fma(p, r, 1.66666666666666666667e-01);
+  p = fma(p, r, 0.5);
+  p = fma(p, r, 1.0);
+  p = fma(p, r, 1.0);
+  const int ki = static_cast<int>(k);
+  const int k1 = ki / 2;
+  const int k2 = ki - k1;
+  return p * __longlong_as_double(static_cast<long long>(k1 + 1023) << 52) *
+         __longlong_as_double(static_cast<long long>(k2 + 1023) << 52);
+}
+
+// 1/x for double without the division's out-of-line slow path: float seed, two Newton steps
+// (relative error ~1e-16). For x within float's range; 0, inf and NaN map to inf, 0 and NaN.
+__device__ __forceinline__ double rcp_f64(double x) {
+  double y = static_cast<double>(1.0f / static_cast<float>(x));
+  if (!(y > 0.0 && y < 3.4e38)) return y;  // x == 0, inf, NaN or out of float range
+  y = fma(y, fma(-x, y, 1.0), y);
+  return fma(y, fma(-x, y, 1.0), y);
+}
+
+// log for double, also free of out-of-line calls: x = 2^e * m with m in [sqrt(1/2), sqrt(2)),
+// log(m) = 2 atanh(t), t = (m - 1) / (m + 1), |t| < 0.172, odd series to t^23.
+__device__ __forceinline__ double log_f64(double x) {
+  if (!(x > 0.0)) return x == 0.0 ? -__longlong_as_double(0x7ff0000000000000ll) : __longlong_as_double(0x7ff8000000000000ll);
+  if (x == __longlong_as_double(0x7ff0000000000000ll)) return x;
+  int e = 0;
+  if (x < 2.2250738585072014e-308) { x *= 18014398509481984.0; e = -54; }  // subnormal: * 2^54
+  long long bits = __double_as_longlong(x);
+  e += static_cast<int>((bits >> 52) & 0x7ff) - 1023;
+  double m = __longlong_as_double((bits & 0x000fffffffffffffll) | 0x3ff0000000000000ll);
+  if (m > 1.4142135623730951) { m *= 0.5; e += 1; }
+  const double t = (m - 1.0) * rcp_f64(m + 1.0);
+  const double t2 = t * t;
+  double p = 1.0 / 23;
+#pragma unroll
+  for (int n = 21; n >= 1; n -= 2) p = fma(p, t2, 1.0 / n);
+  return fma(static_cast<double>(e), 6.93147180369123816490e-01,
+             fma(static_cast<double>(e), 1.90821492927058770002e-10, 2.0 * t * p));
+}
+
+template <> struct Math<double> {
+  static __device__ __forceinline__ double exp(double x) { return exp_f64(x); }
+  static __device__ __forceinline__ double log(double x) { return log_f64(x); }
+  static __device__ __forceinline__ double rsqrt(double x) { return ::rsqrt(x); }
+  static __device__ __forceinline__ double rcp(double x) { return rcp_f64(x); }
+  static __device__ __forceinline__ double max(double a, double b) { return fmax(a, b); }
+  static __device__ __forceinline__ double inf() { return __longlong_as_double(0x7ff0000000000000ll); }
+};
+// The exponential an output type needs: float32/float64 outputs use the accurate library
+// exp (their error budget is 2e-6 / 1e-12 and must not exceed PyTorch's); 16-bit outputs use
+// the hardware ex2 approximation (~2 ulp of float, far below 16-bit rounding), which keeps the
+// 16-bit kernels memory-bound: they move half the bytes per element of float32.
+template <typename C, typename OUT> struct ExpFor {
+  static __device__ __forceinline__ C exp(C x) { return Math<C>::exp(x); }
+};
+template <> struct ExpFor<float, half_t> {
+  static __device__ __forceinline__ float exp(float x) { return __expf(x); }
+};
+template <> struct ExpFor<float, bf16_t> {
+  static __device__ __forceinline__ float exp(float x) { return __expf(x); }
+};
+
+// a / b for an output type: correctly rounded for float32/float64 outputs (a reciprocal and
+// one residual correction: no out-of-line slow path, so no register spills), a single
+// multiply by the reciprocal for 16-bit outputs. `inv` is rcp(b), computed once per row.
+template <typename C, typename OUT> struct DivFor {
+  static __device__ __forceinline__ C div(C a, C b, C inv) {
+    const C q = a * inv;
+    return fma(inv, fma(-b, q, a), q);
+  }
+};
+template <> struct DivFor<float, half_t> {
+  static __device__ __forceinline__ float div(float a, float, float inv) { return a * inv; }
+};
+template <> struct DivFor<float, bf16_t> {
+  static __device__ __forceinline__ float div(float a, float, float inv) { return a * inv; }
+};
+
+// a / b and a % b for 0 <= a < 2^52, b > 0 given inv_b = rcp(double(b)): a 64-bit integer
+// division is an out-of-line call, whose register spills show in the double kernels.
+__device__ __forceinline__ void divmod_i64(i64 a, i64 b, double inv_b, i64* q, i64* r) {
+  i64 qq = static_cast<i64>(static_cast<double>(a) * inv_b);
+  i64 rr = a - qq * b;
+  if (rr < 0) { --qq; rr += b; }
+  else if (rr >= b) { ++qq; rr -= b; }
+  *q = qq;
+  *r = rr;
+}
+
+// ---------------------------------------------------------------------------------------
+// Packs: N consecutive elements moved as one vector access (16 bytes at most).
+template <typename T, int N> struct __align__(sizeof(T) * N) Pack { T v[N]; };
+
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
+  *reinterpret_cast<Pack<T, N>*>(p) = v;
+}
+
+// LOAD functor: N compute values of (row, col..col+N) of a row-major view with a row stride
+// (elements). Split in two so kernels can move the bytes early (into registers or, with
+// cp.async, straight into shared memory) and convert later: fetch<N> returns the raw pack,
+// address() is where it lives, convert<N> turns a raw pack into compute values (a fusion such
+// as scale or mask is another functor with this shape, doing its work in convert).
+template <typename SRC, typename C> struct DirectLoad {
+  typedef SRC raw_t;
+  const SRC* src;
+  i64 ld;
+  __device__ DirectLoad(const SRC* s, i64 l) : src(s), ld(l) {}
+  __device__ __forceinline__ const SRC* address(i64 row, i64 col) const { return src + row * ld + col; }
+  template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
+    return load_pack<SRC, N>(address(row, col));
+  }
+  template <int N>
+  __device__ __forceinline__ void convert(const Pack<SRC, N>& p, C* dst, i64, i64) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_compute<C>(p.v[i]);
+  }
+  template <int N> __device__ __forceinline__ void load(C* dst, i64 row, i64 col) const {
+    convert<N>(fetch<N>(row, col), dst, row, col);
+  }
+};
+
+// Asynchronous global -> shared copy of one pack (sm_80+ cp.async; 4, 8 or 16 bytes), and the
+// commit / wait of a group of them. A 2-byte pack is copied through a register instead.
+template <int BYTES>
+__device__ __forceinline__ void copy_async(void* smem_dst, const void* gmem_src) {
+  if (BYTES >= 4) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    if (BYTES == 16) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem_src), "n"(BYTES)
+                   : "memory");
+    }
+  } else {
+    *reinterpret_cast<unsigned short*>(smem_dst) = *reinterpret_cast<const unsigned short*>(gmem_src);
+  }
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+
+// STORE functor: writes N compute values to (row, col..col+N).
+template <typename C, typename DST> struct DirectStore {
+  DST* dst;
+  i64 ld;
+  __device__ DirectStore(DST* d, i64 l) : dst(d), ld(l) {}
+  template <int N> __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
+    Pack<DST, N> p;
+#pragma unroll
+    for (int i = 0; i < N; ++i) p.v[i] = from_compute<DST>(src[i]);
+    store_pack<DST, N>(dst + row * ld + col, p);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Reductions. Ops are tiny structs so one all-reduce template serves max, sum and the
+// online (max, sum) pair.
+// max ignores a NaN operand (one instruction); a NaN in a row still reaches the result through
+// the sum of exponentials, exp(NaN - m) = NaN.
+template <typename C> struct MaxOp {
+  static __device__ __forceinline__ C apply(C a, C b) { return Math<C>::max(a, b); }
+};
+template <typename C> struct SumOp {
+  static __device__ __forceinline__ C apply(C a, C b) { return a + b; }
+};
+
+template <typename C> __device__ __forceinline__ C shfl_xor(C v, int mask, int width) {
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
+}
+
+// All-reduce over groups of GROUP consecutive lanes (GROUP a power of two <= 32).
+template <template <typename> class OP, typename C, int GROUP>
+__device__ __forceinline__ C group_all_reduce(C v) {
+#pragma unroll
+  for (int mask = GROUP / 2; mask > 0; mask /= 2) v = OP<C>::apply(v, shfl_xor(v, mask, GROUP));
+  return v;
+}
+
+// Block-wide all-reduce; blockDim.x is a multiple of 32 and at most 1024. `scratch` holds 33
+// values of C in shared memory. Ends with every thread holding the result; safe to call again
+// right after (the trailing barrier protects scratch).
+template <template <typename> class OP, typename C>
+__device__ __forceinline__ C block_all_reduce(C v, C* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  v = group_all_reduce<OP, C, 32>(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    C w = lane < nwarps ? scratch[lane] : scratch[0];
+    w = group_all_reduce<OP, C, 32>(w);
+    if (lane == 0) scratch[32] = w;
+  }
+  __syncthreads();
+  const C r = scratch[32];
+  __syncthreads();
+  return r;
+}
+
+// Online softmax statistics: running max m and sum s of exp(x - m), with the exponential of
+// policy E. Merging two partial states rescales the sum of the smaller max, so one pass over
+// the data yields both. Special values follow NumPy: a NaN anywhere makes s NaN; an all -inf
+// row keeps m = -inf and s = 0 (the caller's exp(x - m) / s then gives NaN); +inf gives
+// exp(inf - inf) = NaN.
+template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
+  C m, s;
+  __device__ __forceinline__ void init() { m = -Math<C>::inf(); s = C(0); }
+  // exp(x - m) with -inf contributing exactly 0 even when m is -inf too.
+  static __device__ __forceinline__ C term(C x, C m) {
+    return x == -Math<C>::inf() ? C(0) : E::exp(x - m);
+  }
+  // Fold N values: one rescale per chunk, one exp per value.
+  template <int N> __device__ __forceinline__ void add(const C* v) {
+    C cm = v[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) cm = MaxOp<C>::apply(cm, v[i]);
+    if (cm > m) {
+      s = s * term(m, cm);
+      m = cm;
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) s += term(v[i], m);
+  }
+  static __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+    MaxSum r;
+    r.m = MaxOp<C>::apply(a.m, b.m);
+    // A side whose max is -inf holds s = 0 (or NaN, which must survive): add it unscaled.
+    const C sa = a.m == -Math<C>::inf() ? a.s : a.s * E::exp(a.m - r.m);
+    const C sb = b.m == -Math<C>::inf() ? b.s : b.s * E::exp(b.m - r.m);
+    r.s = sa + sb;
+    return r;
+  }
+};
+
+template <int GROUP, typename MS>
+__device__ __forceinline__ MS group_all_reduce_maxsum(MS v) {
+#pragma unroll
+  for (int mask = GROUP / 2; mask > 0; mask /= 2) {
+    MS o;
+    o.m = shfl_xor(v.m, mask, GROUP);
+    o.s = shfl_xor(v.s, mask, GROUP);
+    v = MS::combine(v, o);
+  }
+  return v;
+}
+
+// Block-wide (max, sum) all-reduce; `scratch` holds 33 MaxSum values.
+template <typename MS>
+__device__ __forceinline__ MS block_all_reduce_maxsum(MS v, MS* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  v = group_all_reduce_maxsum<32>(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    MS w;
+    if (lane < nwarps) w = scratch[lane]; else w.init();
+    w = group_all_reduce_maxsum<32>(w);
+    if (lane == 0) scratch[32] = w;
+  }
+  __syncthreads();
+  const MS r = scratch[32];
+  __syncthreads();
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Thread-block clusters (sm_90): a row too long for one block's shared memory is split over
+// the CLUSTER blocks of a cluster, which exchange partial results through distributed shared
+// memory. With CLUSTER == 1 these compile to nothing.
+template <int CLUSTER> struct Cluster {
+  static __device__ __forceinline__ unsigned rank() {
+#if __CUDA_ARCH__ >= 900
+    if (CLUSTER > 1) {
+      unsigned r;
+      asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+      return r;
+    }
+#endif
+    return 0;
+  }
+  // Full barrier over every thread of the cluster, ordering shared-memory writes before it.
+  static __device__ __forceinline__ void sync() {
+#if __CUDA_ARCH__ >= 900
+    if (CLUSTER > 1) {
+      asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+      return;
+    }
+#endif
+    __syncthreads();
+  }
+  // Read a float or double at the same shared-memory offset in block `peer` of the cluster.
+  static __device__ __forceinline__ unsigned remote_addr(const void* local, unsigned peer) {
+    unsigned remote = static_cast<unsigned>(__cvta_generic_to_shared(local));
+#if __CUDA_ARCH__ >= 900
+    if (CLUSTER > 1) asm volatile("mapa.shared::cluster.u32 %0, %0, %1;" : "+r"(remote) : "r"(peer));
+#endif
+    return remote;
+  }
+  static __device__ __forceinline__ float read_peer(const float* local, unsigned peer) {
+#if __CUDA_ARCH__ >= 900
+    if (CLUSTER > 1) {
+      float v;
+      asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote_addr(local, peer)) : "memory");
+      return v;
+    }
+#endif
+    return *local;
+  }
+  static __device__ __forceinline__ double read_peer(const double* local, unsigned peer) {
+#if __CUDA_ARCH__ >= 900
+    if (CLUSTER > 1) {
+      double v;
+      asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote_addr(local, peer)) : "memory");
+      return v;
+    }
+#endif
+    return *local;
+  }
+};
+
+// All-reduce of one value per block over the cluster's blocks (every thread gets the result).
+// `slot` is a __shared__ variable; two consecutive calls must use different slots: a block
+// rewrites a slot only after the next call's barrier, by which time every peer has read it.
+template <template <typename> class OP, int CLUSTER, typename C>
+__device__ __forceinline__ C cluster_all_reduce(C v, C* slot) {
+  if (CLUSTER == 1) return v;
+  if (threadIdx.x == 0) *slot = v;
+  Cluster<CLUSTER>::sync();
+  C r = Cluster<CLUSTER>::read_peer(slot, 0);
+#pragma unroll
+  for (unsigned peer = 1; peer < CLUSTER; ++peer) r = OP<C>::apply(r, Cluster<CLUSTER>::read_peer(slot, peer));
+  return r;
+}
+
+}  // namespace cunorm

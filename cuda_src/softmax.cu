@@ -1,0 +1,419 @@
+// softmax / log_softmax kernels over a (rows, cols) view, and over an (outer, dim, inner)
+// view for a non-last axis. Paths (chosen by cunorm/_dispatch.py):
+//   warp      a group of GROUP lanes holds ROWS rows in registers (cols <= warp limit)
+//   smem      one block (or a cluster of CLUSTER blocks, sm_90) caches a row in shared memory
+//   uncached  one block per row, two reads: online (max, sum) pass, then the write pass
+//   strided   (outer, dim, inner): a block owns an inner tile, reduces down `dim`
+// All take LOAD/STORE functors so fused variants reuse the same bodies.
+namespace cunorm {
+
+// Per-row finishing constants. softmax: y = exp(x - m) / s; log_softmax: y = (x - m) - log s
+// (subtracting m first keeps x - m exact for x near m, so a constant row of 1e4 gives exactly
+// -log(n) instead of inheriting the rounding of m + log s).
+template <typename C, typename OUT, bool LOG> struct SoftmaxOut {
+  typedef ExpFor<C, OUT> E;
+  C m, s, k;  // k: 1/s (softmax) or log(s) (log_softmax)
+  SoftmaxOut() = default;
+  __device__ __forceinline__ SoftmaxOut(C m_, C s_) : m(m_), s(s_) {
+    k = LOG ? Math<C>::log(s_) : Math<C>::rcp(s_);
+  }
+  // From online statistics: +inf in the row must give NaN (NumPy: exp(inf - inf) in the sum).
+  template <typename MS> static __device__ __forceinline__ SoftmaxOut from(const MS& st) {
+    return SoftmaxOut(st.m, st.m == Math<C>::inf() ? st.m - st.m : st.s);
+  }
+  // y from x.
+  __device__ __forceinline__ C operator()(C x) const {
+    if (LOG) return (x - m) - k;
+    return DivFor<C, OUT>::div(E::exp(x - m), s, k);
+  }
+  // y from e = exp(x - m) already computed.
+  __device__ __forceinline__ C from_exp(C e) const { return DivFor<C, OUT>::div(e, s, k); }
+};
+
+// Values a thread loads before using the first one, in the block-per-row paths: enough bytes
+// in flight per thread to cover memory latency, few enough registers for 512-thread blocks.
+constexpr int kUnrollValues = 16;
+
+// ---------------------------------------------------------------------------------------
+// Warp path. Launch: 1-D block of blockDim.x threads (a multiple of 32), GROUP lanes per
+// row group, ROWS rows per group per step; grid-stride over row groups. COLS values per
+// thread; packs past `cols` are padding (one compare per pack, cheaper than a second
+// instantiation of every configuration). The row stays in registers, so the classic two
+// reductions (max, then sum) cost shuffles only and each element is exponentiated once.
+// The raw packs of a group's next rows are fetched before the current rows are reduced, so
+// every warp keeps a row's bytes in flight through its shuffles and arithmetic.
+template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int COLS,
+          int GROUP, int ROWS>
+__device__ __forceinline__ void softmax_warp_impl(const LOAD& load, const STORE& store, i64 rows,
+                                                  i64 cols) {
+  static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
+  typedef ExpFor<C, OUT> E;
+  typedef Pack<typename LOAD::raw_t, PACK> RawPack;
+  constexpr int NPACK = COLS / PACK;
+  constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
+  const int lane = threadIdx.x % GROUP;
+  const int group_in_warp = (threadIdx.x % 32) / GROUP;
+  const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const i64 step = static_cast<i64>(gridDim.x) * blockDim.x / 32 * ROWS_PER_WARP;
+  RawPack raw[ROWS][NPACK];
+  C buf[ROWS][COLS];
+  auto fetch = [&](i64 row0) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
+        if (row0 + r < rows && col < cols) raw[r][p] = load.template fetch<PACK>(row0 + r, col);
+      }
+    }
+  };
+  // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
+  // past the end are masked instead.
+  i64 base = warp * ROWS_PER_WARP;
+  if (base < rows) fetch(base + group_in_warp * ROWS);
+  for (; base < rows; base += step) {
+    const i64 row0 = base + group_in_warp * ROWS;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
+        if (row0 + r < rows && col < cols) {
+          load.template convert<PACK>(raw[r][p], buf[r] + p * PACK, row0 + r, col);
+        } else {
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = -Math<C>::inf();
+        }
+      }
+    }
+    if (base + step < rows) fetch(row0 + step);
+    C m[ROWS], s[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      m[r] = buf[r][0];
+#pragma unroll
+      for (int i = 1; i < COLS; ++i) m[r] = MaxOp<C>::apply(m[r], buf[r][i]);
+      m[r] = group_all_reduce<MaxOp, C, GROUP>(m[r]);
+    }
+    // A padded or all -inf row has m = -inf: exp(-inf - -inf) = NaN, the NumPy answer.
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      s[r] = C(0);
+#pragma unroll
+      for (int i = 0; i < COLS; ++i) {
+        const C e = E::exp(buf[r][i] - m[r]);
+        if (!LOG) buf[r][i] = e;
+        s[r] += e;
+      }
+      s[r] = group_all_reduce<SumOp, C, GROUP>(s[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const i64 row = row0 + r;
+      if (row >= rows) break;
+      const SoftmaxOut<C, OUT, LOG> fin(m[r], s[r]);
+#pragma unroll
+      for (int i = 0; i < COLS; ++i) buf[r][i] = LOG ? fin(buf[r][i]) : fin.from_exp(buf[r][i]);
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
+        if (col < cols) store.template store<PACK>(buf[r] + p * PACK, row, col);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared-memory path: a cluster of CLUSTER blocks per row (CLUSTER == 1: one block), each
+// caching its slice of the row in shared memory as raw input packs, moved there by cp.async
+// (no registers, every pack of the slice in flight at once). With STAGES == 2 the next row's
+// slice streams into a second buffer while this one is reduced and written, so one block per
+// SM keeps the memory system busy. Statistics in two passes (max, then the sum of exp(x - max))
+// as PyTorch does, so the float32 result is as accurate. Dynamic shared memory:
+// STAGES * ceil(cols / PACK / CLUSTER) * PACK * sizeof(raw_t).
+template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int CLUSTER,
+          int STAGES>
+__device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE& store, i64 rows,
+                                                  i64 cols) {
+  typedef typename LOAD::raw_t R;
+  typedef Pack<R, PACK> RawPack;
+  typedef ExpFor<C, OUT> E;
+  // With float32/float64 input the exponentials overwrite the cached inputs in place and the
+  // write pass only divides: one exp per element instead of two.
+  constexpr bool KEEP_EXP = !LOG && IsSame<R, C>::value;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ C scratch[33];
+  __shared__ C slots[2];  // this block's partial max / sum, read by the cluster's peers
+  const i64 npacks = cols / PACK;
+  const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
+  const unsigned rank = Cluster<CLUSTER>::rank();
+  const i64 pack_begin = rank * packs_per_block;
+  const i64 pack_end = min(npacks, pack_begin + packs_per_block);
+  const int step = blockDim.x;
+  const i64 nclusters = gridDim.x / CLUSTER;
+  RawPack* const stage0 = reinterpret_cast<RawPack*>(smem_raw);
+  // Each thread copies, reads and writes the same packs: its own cp.async wait makes them
+  // visible to it, no block barrier is needed for the data.
+  auto issue = [&](i64 row, RawPack* dst) {
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
+      copy_async<sizeof(RawPack)>(dst + (p - pack_begin), load.address(row, p * PACK));
+    copy_async_commit();
+  };
+  i64 row = blockIdx.x / CLUSTER;
+  if (row < rows) issue(row, stage0);
+  for (int it = 0; row < rows; row += nclusters, ++it) {
+    RawPack* const cache = stage0 + (STAGES == 2 ? (it & 1) * packs_per_block : 0);
+    if (STAGES == 2) {
+      if (row + nclusters < rows) issue(row + nclusters, stage0 + ((it & 1) ^ 1) * packs_per_block);
+      else copy_async_commit();  // an empty group keeps the wait count below uniform
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    C tmax = -Math<C>::inf();
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+      C v[PACK];
+      load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+      for (int i = 0; i < PACK; ++i) tmax = MaxOp<C>::apply(tmax, v[i]);
+    }
+    const C m = cluster_all_reduce<MaxOp, CLUSTER>(block_all_reduce<MaxOp, C>(tmax, scratch),
+                                                   &slots[0]);
+    C tsum = C(0);
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+      C v[PACK];
+      load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+      for (int i = 0; i < PACK; ++i) {
+        v[i] = E::exp(v[i] - m);
+        tsum += v[i];
+      }
+      if constexpr (KEEP_EXP) {
+        RawPack e;
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) e.v[i] = v[i];
+        cache[p - pack_begin] = e;
+      }
+    }
+    const C s = cluster_all_reduce<SumOp, CLUSTER>(block_all_reduce<SumOp, C>(tsum, scratch),
+                                                   &slots[1]);
+    const SoftmaxOut<C, OUT, LOG> fin(m, s);
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+      C v[PACK];
+      if constexpr (KEEP_EXP) {
+        const RawPack e = cache[p - pack_begin];
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) v[i] = fin.from_exp(e.v[i]);
+      } else {
+        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
+      }
+      store.template store<PACK>(v, row, p * PACK);
+    }
+    if (STAGES == 1) {
+      __syncthreads();
+      if (row + nclusters < rows) issue(row + nclusters, stage0);
+    }
+  }
+  // No block may leave while a peer can still read its `slots`.
+  if (CLUSTER > 1) Cluster<CLUSTER>::sync();
+}
+
+// ---------------------------------------------------------------------------------------
+// Uncached path: one block per row for rows of any length; the row is read twice (the
+// second read mostly from L2), the statistics come from one online pass.
+template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK>
+__device__ __forceinline__ void softmax_uncached_impl(const LOAD& load, const STORE& store,
+                                                      i64 rows, i64 cols) {
+  typedef MaxSum<C, ExpFor<C, OUT>> MS;
+  constexpr int kUnroll = kUnrollValues / PACK;
+  __shared__ MS scratch[33];
+  const i64 npacks = cols / PACK;
+  const int step = blockDim.x;
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    MS st;
+    st.init();
+    for (i64 p0 = threadIdx.x; p0 < npacks; p0 += kUnroll * step) {
+      C v[kUnroll][PACK];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u * step < npacks) {
+          load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+        } else {
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) v[u][i] = -Math<C>::inf();  // adds exactly 0
+        }
+      }
+      st.template add<kUnroll * PACK>(&v[0][0]);  // one rescale per chunk
+    }
+    st = block_all_reduce_maxsum(st, scratch);
+    const SoftmaxOut<C, OUT, LOG> fin = SoftmaxOut<C, OUT, LOG>::from(st);
+    for (i64 p0 = threadIdx.x; p0 < npacks; p0 += kUnroll * step) {
+      C v[kUnroll][PACK];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u * step < npacks) load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u * step < npacks) {
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) v[u][i] = fin(v[u][i]);
+          store.template store<PACK>(v[u], row, (p0 + u * step) * PACK);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Strided path for a non-last axis: x viewed as (outer, dim, inner) with strides
+// (ld_outer, ld_dim, 1). A block of TX * TY threads owns TX * PACK consecutive inner
+// positions of one outer index; thread (tx, ty) reduces dim indices ty, ty + TY, ... for its
+// pack, the TY partial states meet in shared memory. CACHE keeps the (dim, TX * PACK) tile in
+// dynamic shared memory (one read of x); otherwise x is read twice.
+// Dynamic shared memory: TY * TX * PACK * sizeof(MaxSum) [+ dim * TX * PACK * sizeof(SRC)].
+template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE>
+__device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 outer, i64 dim,
+                                                     i64 inner, i64 ldx_outer, i64 ldx_dim,
+                                                     i64 ldy_outer, i64 ldy_dim, int tx_count) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int ty_count = blockDim.x / tx_count;
+  const int tx = threadIdx.x % tx_count;
+  const int ty = threadIdx.x / tx_count;
+  const int width = tx_count * PACK;
+  typedef MaxSum<C, ExpFor<C, DST>> MS;
+  MS* part = reinterpret_cast<MS*>(smem_raw);  // [TY][width]
+  SRC* cache = reinterpret_cast<SRC*>(part + static_cast<i64>(ty_count) * width);
+  const i64 tiles_per_outer = (inner + width - 1) >> (__ffs(width) - 1);  // width: a power of 2
+  const i64 ntiles = outer * tiles_per_outer;
+  const double inv_tiles = rcp_f64(static_cast<double>(tiles_per_outer));
+  for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    i64 o, t;
+    divmod_i64(tile, tiles_per_outer, inv_tiles, &o, &t);
+    const i64 i0 = t * width + static_cast<i64>(tx) * PACK;
+    const bool active = i0 < inner;  // PACK divides inner, so a pack is all in or all out
+    const SRC* xo = x + o * ldx_outer + i0;
+    MS st[PACK];
+#pragma unroll
+    for (int j = 0; j < PACK; ++j) st[j].init();
+    if (active && CACHE) {
+      // Cached: max while loading into shared memory, then the sum from shared memory (each
+      // thread reads back only what it wrote: no barrier needed).
+#pragma unroll
+      for (int j = 0; j < PACK; ++j) st[j].m = -Math<C>::inf();
+#pragma unroll 4
+      for (i64 d = ty; d < dim; d += ty_count) {
+        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(xo + d * ldx_dim);
+        store_pack<SRC, PACK>(cache + d * width + tx * PACK, p);
+#pragma unroll
+        for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, to_compute<C>(p.v[j]));
+      }
+#pragma unroll 4
+      for (i64 d = ty; d < dim; d += ty_count) {
+        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(cache + d * width + tx * PACK);
+#pragma unroll
+        for (int j = 0; j < PACK; ++j) st[j].s += MS::term(to_compute<C>(p.v[j]), st[j].m);
+      }
+    } else if (active) {
+      // Uncached: online statistics over chunks of U dim rows, so loads overlap and each
+      // chunk rescales once.
+      constexpr int U = kUnrollValues * 4 / (PACK * static_cast<int>(sizeof(C)));
+      for (i64 d0 = ty; d0 < dim; d0 += U * ty_count) {
+        C v[PACK][U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const i64 d = d0 + u * ty_count;
+          if (d < dim) {
+            const Pack<SRC, PACK> p = load_pack<SRC, PACK>(xo + d * ldx_dim);
+#pragma unroll
+            for (int j = 0; j < PACK; ++j) v[j][u] = to_compute<C>(p.v[j]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < PACK; ++j) v[j][u] = -Math<C>::inf();
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < PACK; ++j) st[j].template add<U>(v[j]);
+      }
+    }
+    // Tree-combine the TY partial states of each inner position.
+#pragma unroll
+    for (int j = 0; j < PACK; ++j) part[ty * width + tx * PACK + j] = st[j];
+    __syncthreads();
+    for (int stride = ty_count / 2; stride > 0; stride /= 2) {
+      if (ty < stride) {
+#pragma unroll
+        for (int j = 0; j < PACK; ++j) {
+          const int a = ty * width + tx * PACK + j;
+          part[a] = MS::combine(part[a], part[a + stride * width]);
+        }
+      }
+      __syncthreads();
+    }
+    SoftmaxOut<C, DST, LOG> fin[PACK] = {};
+#pragma unroll
+    for (int j = 0; j < PACK; ++j) fin[j] = SoftmaxOut<C, DST, LOG>::from(part[tx * PACK + j]);
+    if (active) {
+      DST* yo = y + o * ldy_outer + i0;
+#pragma unroll 4
+      for (i64 d = ty; d < dim; d += ty_count) {
+        const Pack<SRC, PACK> p = CACHE ? load_pack<SRC, PACK>(cache + d * width + tx * PACK)
+                                        : load_pack<SRC, PACK>(xo + d * ldx_dim);
+        Pack<DST, PACK> q;
+#pragma unroll
+        for (int j = 0; j < PACK; ++j) q.v[j] = from_compute<DST>(fin[j](to_compute<C>(p.v[j])));
+        store_pack<DST, PACK>(yo + d * ldy_dim, q);
+      }
+    }
+    __syncthreads();  // `part` and `cache` are reused by the next tile
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry points: plain pointers and strides in, functors built here.
+template <typename SRC, typename DST, bool LOG, int PACK, int COLS, int GROUP, int ROWS>
+__global__ void __launch_bounds__(128, 4) softmax_warp(const SRC* x, DST* y, i64 rows, i64 cols,
+                                                    i64 ldx, i64 ldy) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_warp_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, COLS, GROUP, ROWS>(
+      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+}
+
+template <typename SRC, typename DST, bool LOG, int PACK, int STAGES>
+__global__ void __launch_bounds__(512, 1) softmax_smem(const SRC* x, DST* y, i64 rows, i64 cols,
+                                                     i64 ldx, i64 ldy) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, 1, STAGES>(
+      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+}
+
+#ifdef CUNORM_SM90
+template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER, int STAGES>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
+    softmax_smem_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER, STAGES>(
+      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+}
+#endif
+
+template <typename SRC, typename DST, bool LOG, int PACK>
+__global__ void __launch_bounds__(512, 1) softmax_uncached(const SRC* x, DST* y, i64 rows, i64 cols,
+                                                         i64 ldx, i64 ldy) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_uncached_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK>(
+      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+}
+
+template <typename SRC, typename DST, bool LOG, int PACK, bool CACHE>
+__global__ void __launch_bounds__(256, 4) softmax_strided(const SRC* x, DST* y, i64 outer, i64 dim,
+                                                        i64 inner, i64 ldx_outer, i64 ldx_dim,
+                                                        i64 ldy_outer, i64 ldy_dim, int tx_count) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE>(x, y, outer, dim, inner, ldx_outer,
+                                                           ldx_dim, ldy_outer, ldy_dim, tx_count);
+}
+
+}  // namespace cunorm

@@ -1,0 +1,12 @@
+"""cunorm: fast softmax, log_softmax, layer_norm, rms_norm and attention on NVIDIA GPUs.
+
+CuPy arrays run hand-written CUDA kernels (``cuda_src/``); NumPy arrays run a NumPy reference
+path; PyTorch and JAX GPU arrays are computed zero-copy through DLPack. Importing cunorm never
+touches the GPU or compiles anything.
+"""
+
+from .softmax import log_softmax, softmax
+
+__version__ = "0.1.0"
+
+__all__ = ["softmax", "log_softmax", "__version__"]

@@ -1,0 +1,299 @@
+"""Input normalization shared by every op: array kinds, dtype rules, axes, the (outer, dim,
+inner) view of a reduction, output checks and the round trip to PyTorch / JAX through DLPack.
+
+Nothing here launches a kernel. Functions raise ``TypeError`` / ``ValueError`` whose message
+starts with the public function's name and names the offending argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import operator
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_EXPECTED = "float16, bfloat16, float32 or float64"
+
+
+# --- array kinds ------------------------------------------------------------------------
+def _cupy():
+    """The cupy module if it is already imported or importable, else None (never raises)."""
+    mod = sys.modules.get("cupy")
+    if mod is not None:
+        return mod
+    try:
+        import cupy
+    except Exception:  # no CuPy wheel, or one that cannot load its CUDA libraries
+        return None
+    return cupy
+
+
+def array_kind(x: object, fname: str, argname: str = "x") -> str:
+    """Classify ``x``: ``"cupy"``, ``"numpy"``, ``"torch"`` or ``"jax"``.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array cunorm accepts (lists, scalars, other objects).
+    """
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    module = type(x).__module__.split(".")[0]
+    if module == "cupy":
+        return "cupy"
+    if module == "torch" and hasattr(x, "__dlpack__"):
+        return "torch"
+    if module in ("jax", "jaxlib") and hasattr(x, "__dlpack__"):
+        return "jax"
+    raise TypeError(
+        f"{fname}(): {argname} must be a numpy.ndarray, cupy.ndarray, torch.Tensor or "
+        f"jax.Array, got {type(x).__module__}.{type(x).__qualname__}"
+    )
+
+
+def dtype_name(dtype: object) -> str:
+    """Canonical name of a NumPy/CuPy dtype (``ml_dtypes.bfloat16`` -> ``"bfloat16"``)."""
+    return np.dtype(dtype).name
+
+
+def check_float(dtype: object, fname: str, argname: str) -> str:
+    """Return the dtype's name if cunorm computes in it, else raise ``TypeError``."""
+    try:
+        name = dtype_name(dtype)
+    except TypeError:
+        raise TypeError(f"{fname}(): {argname} must be a floating dtype ({_EXPECTED}), "
+                        f"got {dtype!r}") from None
+    if name not in FLOAT_DTYPES:
+        raise TypeError(f"{fname}(): {argname} has dtype {name}; expected {_EXPECTED}")
+    return name
+
+
+def resolve_dtype(dtype: object, fname: str) -> np.dtype:
+    """The ``dtype=`` argument as a NumPy dtype (strings like ``"bfloat16"`` accepted)."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(f"{fname}(): dtype='bfloat16' needs the ml_dtypes package "
+                            "(pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{fname}(): dtype must be a floating dtype ({_EXPECTED}), "
+                        f"got {dtype!r}") from None
+    check_float(dt, fname, "dtype")
+    return dt
+
+
+# --- axes -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)
+def _normalize_axes_cached(axis: int | tuple, ndim: int, fname: str) -> tuple[int, ...]:
+    items = axis if isinstance(axis, tuple) else (axis,)
+    if not items:
+        raise ValueError(f"{fname}(): axis must name at least one axis, got ()")
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"{fname}(): axis must be an int or a tuple of ints, got {axis!r}")
+        a = operator.index(a)
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{fname}(): axis {a} is out of range for an array with "
+                             f"{ndim} dimension{'s' if ndim != 1 else ''}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{fname}(): axis {axis!r} repeats an axis")
+    return tuple(sorted(out))
+
+
+def normalize_axes(axis: object, ndim: int, fname: str) -> tuple[int, ...]:
+    """Sorted non-negative axes; ``TypeError`` / ``ValueError`` naming ``axis`` otherwise."""
+    if isinstance(axis, list):
+        axis = tuple(axis)
+    if ndim == 0:
+        raise ValueError(f"{fname}(): x must have at least one dimension, got a 0-d array")
+    try:
+        return _normalize_axes_cached(axis, ndim, fname)
+    except TypeError as err:
+        if "unhashable" in str(err):
+            raise TypeError(f"{fname}(): axis must be an int or a tuple of ints, "
+                            f"got {axis!r}") from None
+        raise
+
+
+# --- the (outer, dim, inner) view -------------------------------------------------------
+@dataclass(frozen=True)
+class View3:
+    """A reduction over axes [a, b) of an array seen as (outer, dim, inner).
+
+    ``ld_outer`` and ``ld_dim`` are element strides; the inner block is contiguous (unit
+    stride). For ``inner == 1`` this is the (rows, cols) = (outer, dim) row view with row
+    stride ``ld_outer``.
+    """
+
+    outer: int
+    dim: int
+    inner: int
+    ld_outer: int
+    ld_dim: int
+
+
+def _collapse(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """Single element stride of a block of axes if they collapse to one axis, else None
+    (size-1 axes are ignored; an empty or all-size-1 block has stride 0)."""
+    stride = None
+    expect = None
+    for n, s in zip(reversed(shape), reversed(strides), strict=True):
+        if n == 1:
+            continue
+        if stride is None:
+            stride, expect = s, s * n
+        elif s != expect:
+            return None
+        else:
+            expect = s * n
+    return 0 if stride is None else stride
+
+
+@functools.lru_cache(maxsize=4096)
+def view3(shape: tuple[int, ...], strides: tuple[int, ...], a: int, b: int) -> View3 | None:
+    """The (outer, dim, inner) view of reducing axes [a, b), or None if the strides (in
+    elements) do not allow one without a copy."""
+    outer = math.prod(shape[:a])
+    dim = math.prod(shape[a:b])
+    inner = math.prod(shape[b:])
+    s_inner = _collapse(shape[b:], strides[b:])
+    if inner > 1 and s_inner != 1:
+        return None
+    s_dim = _collapse(shape[a:b], strides[a:b])
+    s_outer = _collapse(shape[:a], strides[:a])
+    if s_dim is None or s_outer is None:
+        return None
+    if inner == 1 and dim > 1 and s_dim != 1:
+        return None  # a row must be contiguous
+    return View3(outer, dim, inner, s_outer if outer > 1 else dim * inner,
+                 s_dim if dim > 1 else inner)
+
+
+def element_strides(arr) -> tuple[int, ...] | None:
+    """Strides in elements, or None if some stride is not a multiple of the item size."""
+    isz = arr.itemsize
+    out = []
+    for s in arr.strides:
+        if s % isz:
+            return None
+        out.append(s // isz)
+    return tuple(out)
+
+
+def axes_block(axes: tuple[int, ...]) -> tuple[int, int] | None:
+    """(a, b) if the sorted ``axes`` are the consecutive block [a, b), else None."""
+    if axes[-1] - axes[0] + 1 != len(axes):
+        return None
+    return axes[0], axes[-1] + 1
+
+
+# --- outputs ----------------------------------------------------------------------------
+def check_out(out: object, kind: str, shape: tuple[int, ...], dtype_name_: str,
+              fname: str) -> None:
+    """Validate ``out=`` against the expected result (kind, shape, dtype)."""
+    out_kind = array_kind(out, fname, "out")
+    if out_kind != kind:
+        raise TypeError(f"{fname}(): out is a {out_kind} array but x is a {kind} array; "
+                        "they must be the same kind")
+    if kind == "jax":
+        raise TypeError(f"{fname}(): out= is not supported for jax.Array inputs "
+                        "(JAX arrays are immutable)")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{fname}(): out has shape {tuple(out.shape)}; expected {tuple(shape)}")
+    name = str(out.dtype).replace("torch.", "")
+    if kind in ("cupy", "numpy"):
+        name = dtype_name(out.dtype)
+    if name != dtype_name_:
+        raise TypeError(f"{fname}(): out has dtype {name}; expected {dtype_name_}")
+
+
+def same_device(a, b, fname: str, argname: str) -> None:
+    """CuPy arrays ``a`` (x) and ``b`` must live on one device."""
+    if a.device.id != b.device.id:
+        raise ValueError(f"{fname}(): {argname} is on device {b.device.id} but x is on "
+                         f"device {a.device.id}")
+
+
+# --- frameworks through DLPack ----------------------------------------------------------
+@contextlib.contextmanager
+def framework_stream(x: object, kind: str) -> Iterator[None]:
+    """Run CuPy work on the framework's current stream for ``x`` (torch), so no
+    synchronisation is needed in either direction. JAX exposes no stream; DLPack's stream
+    handshake orders the work instead."""
+    cupy = _cupy()
+    if kind == "torch":
+        import torch
+
+        if not x.is_cuda:
+            raise TypeError("x is a CPU torch.Tensor; cunorm computes on CUDA tensors "
+                            "(pass x.numpy() for the NumPy reference path)")
+        stream = torch.cuda.current_stream(x.device)
+        with cupy.cuda.Device(x.device.index), cupy.cuda.ExternalStream(
+                stream.cuda_stream, x.device.index):
+            yield
+    else:
+        yield
+
+
+def to_cupy(x: object, kind: str, fname: str, argname: str = "x"):
+    """Zero-copy CuPy view of a GPU framework array (inside :func:`framework_stream`)."""
+    cupy = _cupy()
+    if cupy is None:
+        raise RuntimeError(f"{fname}(): {argname} is a GPU {kind} array but CuPy is not "
+                           "installed (pip install 'cunorm[cuda13]' or 'cunorm[cuda12]')")
+    if kind == "jax":
+        devs = list(x.devices()) if hasattr(x, "devices") else []
+        if devs and devs[0].platform != "gpu":
+            raise TypeError(f"{fname}(): {argname} is a jax.Array on {devs[0].platform}; "
+                            "cunorm computes on GPU arrays (pass numpy.asarray(x) for the "
+                            "NumPy reference path)")
+    return cupy.from_dlpack(x)
+
+
+def from_cupy(y, kind: str):
+    """Wrap a CuPy result as the framework's array type, zero-copy."""
+    if kind == "torch":
+        import torch
+
+        return torch.from_dlpack(y)
+    if kind == "jax":
+        import jax.numpy as jnp
+
+        return jnp.from_dlpack(y)
+    return y
+
+
+def memory_span(arr) -> tuple[int, int]:
+    """[first byte, one past the last byte] an array's elements occupy."""
+    lo = hi = arr.data.ptr if hasattr(arr, "data") and hasattr(arr.data, "ptr") else 0
+    for n, s in zip(arr.shape, arr.strides, strict=True):
+        if n > 1:
+            if s < 0:
+                lo += s * (n - 1)
+            else:
+                hi += s * (n - 1)
+    return lo, hi + arr.itemsize
+
+
+def align_elems(ptr: int, itemsize: int, *strides: int) -> int:
+    """Largest power-of-two element count (<= 16) dividing the pointer's element offset and
+    every element stride: the widest vector pack this operand allows."""
+    a = 16
+    bytes_ = ptr & -ptr if ptr else 1 << 30
+    a = min(a, max(1, bytes_ // itemsize))
+    for s in strides:
+        if s:
+            a = min(a, abs(s) & -abs(s))
+    return a

@@ -1,0 +1,381 @@
+"""Pure launch planning: problem shape + device properties + occupancy oracle -> LaunchPlan.
+
+Nothing here imports CuPy or touches a GPU. The caller passes the device description
+(:class:`cunorm._device.DeviceProps`) and an *occupancy oracle* ``occ(kernel_name, block,
+dynamic_smem) -> active blocks per SM`` (in production a thin wrapper over
+``cudaOccupancyMaxActiveBlocksPerMultiprocessor``), so every branch is unit-tested on a CPU
+with a fake device.
+
+Row-wise problems are viewed as (rows, cols) with the reduced axis contiguous. The three row
+paths follow OneFlow's softmax design, with thresholds re-derived for sm_90 (see the tables
+below and ``benchmarks/thresholds.py``):
+
+warp
+    a group of ``GROUP`` lanes holds ``ROWS`` rows in registers;
+smem
+    one block per row caches the row in shared memory (raised to the opt-in limit); on sm_90 a
+    long row is split over a *cluster* of blocks sharing partial results through distributed
+    shared memory;
+uncached
+    one block per row reads the row twice (any length).
+
+A non-last axis is viewed as (outer, dim, inner) and planned by :func:`plan_strided`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ._device import DeviceProps
+
+#: ``occ(kernel_name, block_threads, dynamic_smem_bytes) -> resident blocks per SM``
+Occupancy = Callable[[str, int, int], int]
+
+#: dtype name -> C++ storage type in cuda_src/common.cuh
+CTYPE = {"float16": "cunorm::half_t", "bfloat16": "cunorm::bf16_t", "float32": "float",
+         "float64": "double"}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+ROW_PATHS = ("warp", "smem", "cluster", "uncached")
+STRIDED_PATHS = ("strided-cached", "strided")
+
+#: (input, output) dtype pairs with kernels of their own; other ``dtype=`` requests are served
+#: by casting the input up (or the result down) around one of these (see softmax.py).
+KERNEL_DTYPE_PAIRS = (("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
+                      ("bfloat16", "float32"), ("float32", "float32"), ("float64", "float64"))
+
+# --- thresholds -------------------------------------------------------------------------
+# Largest cols handled by the warp path, by input item size. OneFlow stops at 1024 for every
+# type. Measured with benchmarks/thresholds.py (table in benchmarks/results/thresholds-*.md).
+WARP_MAX_COLS = {2: 1024, 4: 1024, 8: 512}
+# Row values (compute type) one thread may hold in registers, by compute-type size; the
+# warp kernel compiles without spills up to these (tests/test_nvcc.py checks -Xptxas -v).
+WARP_MAX_VALUES_PER_THREAD = {4: 32, 8: 16}
+# Values per thread are rounded up to pack * k, k from this set, to bound the number of
+# instantiations (padding wastes registers, not memory traffic).
+WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128) in softmax.cu)
+# Block paths: a row (or, on sm_90, a cluster of blocks' slices of it) is cached in shared
+# memory. A slice larger than SMEM_SLICE_MAX_BYTES is split over a cluster (sm_90); a slice is
+# double-buffered (STAGES = 2: the next row streams in while this one is reduced) when two fit
+# in the opt-in shared memory. Rows beyond 8 slices of the opt-in limit are read twice
+# (uncached). Measured on H200: see thresholds-nvidia-h200-*.md and the notes at the end.
+SMEM_SLICE_MAX_BYTES = 64 * 1024
+SMEM_MAX_STAGES = 2
+# Strided path: the (dim, tile) slab is cached while this many blocks still fit on an SM.
+STRIDED_MIN_BLOCKS_PER_SM = 2
+CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
+BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
+UNCACHED_BLOCK = 512  # = __launch_bounds__ of softmax_uncached
+STRIDED_BLOCK = 256  # = __launch_bounds__ of softmax_strided
+# Static shared memory of the smem kernels (MaxSum scratch), reserved out of the opt-in limit.
+STATIC_SMEM_RESERVE = 1024
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How to launch one kernel.
+
+    Attributes
+    ----------
+    path : str
+        ``"warp"``, ``"smem"``, ``"cluster"``, ``"uncached"``, ``"strided-cached"`` or
+        ``"strided"``.
+    kernel : str
+        C++ template instantiation (NVRTC name expression).
+    grid, block : int
+        1-D launch shape.
+    smem : int
+        Dynamic shared memory in bytes.
+    tx_count : int
+        Strided path only: threads along the inner axis of a block.
+    """
+
+    path: str
+    kernel: str
+    grid: int
+    block: int
+    smem: int
+    tx_count: int = 0
+
+
+# --- forcing a path (tests, threshold measurement) -------------------------------------
+_FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("cunorm_force", default=None)
+
+
+@contextlib.contextmanager
+def force_path(path: str | None) -> Iterator[None]:
+    """Force every plan made inside the block onto ``path`` (``None`` = normal dispatch).
+
+    Raises ``ValueError`` at plan time if the problem cannot run on that path.
+
+    Examples
+    --------
+    >>> with force_path("uncached"):
+    ...     pass  # cunorm.softmax(x) here always takes the uncached path
+    """
+    if path is not None and path not in ROW_PATHS + STRIDED_PATHS:
+        raise ValueError(f"force_path(): unknown path {path!r}; expected one of "
+                         f"{ROW_PATHS + STRIDED_PATHS}")
+    token = _FORCED.set(path)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def forced_path() -> str | None:
+    """The path forced by the innermost :func:`force_path`, or ``None``."""
+    return _FORCED.get()
+
+
+# --- helpers ----------------------------------------------------------------------------
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def compute_bytes(src: str, dst: str) -> int:
+    """Byte width of the compute type: double if either side is float64, else float."""
+    return 8 if "float64" in (src, dst) else 4
+
+
+def max_pack(cols: int, itemsize: int, align_elems: int) -> int:
+    """Largest pack (elements per vector access, at most 16 bytes) dividing ``cols`` and
+    ``align_elems`` (the caller's bound from pointer and row-stride alignment)."""
+    pack = 16 // itemsize
+    while pack > 1 and (cols % pack or align_elems % pack):
+        pack //= 2
+    return pack
+
+
+def pick_block(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int]:
+    """OneFlow's rule: the largest block size keeping the resident-block count of the
+    smallest one (so growing the block costs no occupancy). Returns (block, blocks per SM);
+    blocks per SM is 0 if even the smallest block does not fit."""
+    base = occ(kernel, BLOCK_SIZES[0], smem)
+    if base <= 0:
+        return BLOCK_SIZES[0], 0
+    for block in reversed(BLOCK_SIZES[1:]):
+        if occ(kernel, block, smem) == base:
+            return block, base
+    return BLOCK_SIZES[0], base
+
+
+# --- row-wise (rows, cols) --------------------------------------------------------------
+def warp_config(cols: int, pack: int, cbytes: int) -> tuple[int, int, int] | None:
+    """(values per thread, group width, rows per group) for the warp path, or None if the
+    row does not fit in registers."""
+    if cols <= 32 * pack:
+        group = max(1, _next_pow2(_cdiv(cols, pack)))
+        # tiny rows: two rows per group, so a warp keeps as many loads in flight
+        return pack, group, (2 if group < 32 else 1)
+    need = _cdiv(_cdiv(cols, 32), pack)
+    k = next((k for k in WARP_PACKS_PER_THREAD if k >= need), None)
+    if k is None or k * pack > WARP_MAX_VALUES_PER_THREAD[cbytes]:
+        return None
+    return k * pack, 32, 1
+
+
+def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: int,
+              props: DeviceProps, occ: Occupancy, force: str | None = None) -> LaunchPlan:
+    """Plan a row-wise launch (softmax family) over a (rows, cols) view.
+
+    Parameters
+    ----------
+    op : str
+        ``"softmax"`` or ``"log_softmax"``.
+    src, dst : str
+        Input and output dtype names (``"float16"``, ``"bfloat16"``, ``"float32"``,
+        ``"float64"``).
+    rows, cols : int
+        Problem shape (both >= 1).
+    align_elems : int
+        Elements of alignment shared by both pointers and both row strides (bounds the pack).
+    props : DeviceProps
+        Target device.
+    occ : Occupancy
+        Occupancy oracle.
+    force : str, optional
+        Path to force (``"warp"``, ``"smem"``, ``"cluster"``, ``"uncached"``).
+
+    Returns
+    -------
+    LaunchPlan
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
+    >>> plan_rows("softmax", "float32", "float32", 4096, 1024, 4, h100,
+    ...           lambda k, b, s: 2048 // b).path
+    'warp'
+    """
+    if (src, dst) not in KERNEL_DTYPE_PAIRS:
+        raise ValueError(f"no kernel for {src} -> {dst}; expected one of {KERNEL_DTYPE_PAIRS}")
+    # The pack moves PACK inputs and PACK outputs: the wider side bounds it to 16 bytes.
+    pack = max_pack(cols, max(ITEMSIZE[src], ITEMSIZE[dst]), align_elems)
+    cbytes = compute_bytes(src, dst)
+    log = "true" if op == "log_softmax" else "false"
+    head = f"{CTYPE[src]}, {CTYPE[dst]}, {log}"
+
+    path = force
+    if path is None:
+        path = _choose_row_path(src, cols, pack, cbytes, props)
+    if path == "warp":
+        cfg = warp_config(cols, pack, cbytes)
+        if cfg is None:
+            raise ValueError(f"path 'warp' cannot hold cols={cols} in registers")
+        per_thread, group, rows_per_group = cfg
+        name = f"cunorm::softmax_warp<{head}, {pack}, {per_thread}, {group}, {rows_per_group}>"
+        per_sm = max(1, occ(name, WARP_BLOCK, 0))
+        rows_per_block = WARP_BLOCK // group * rows_per_group
+        grid = min(_cdiv(rows, rows_per_block), props.sm_count * per_sm)
+        return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
+    if path in ("smem", "cluster"):
+        return _plan_smem(head, src, rows, cols, pack, props, occ, path == "cluster")
+    if path == "uncached":
+        name = f"cunorm::softmax_uncached<{head}, {pack}>"
+        per_sm = max(1, occ(name, UNCACHED_BLOCK, 0))
+        return LaunchPlan("uncached", name, min(rows, props.sm_count * per_sm), UNCACHED_BLOCK, 0)
+    raise ValueError(f"unknown row path {path!r}; expected one of {ROW_PATHS}")
+
+
+def _smem_capacity(props: DeviceProps) -> int:
+    return props.smem_per_block_optin - STATIC_SMEM_RESERVE
+
+
+def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
+                clusters: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(cluster size, stages, dynamic smem bytes) of the first cluster size in ``clusters``
+    whose slice of the row fits, preferring slices up to SMEM_SLICE_MAX_BYTES; None if none
+    fits in shared memory."""
+    cap = _smem_capacity(props)
+    fitting = []
+    for c in clusters:
+        slice_bytes = _cdiv(cols // pack, c) * pack * itemsize
+        if slice_bytes <= cap:
+            stages = SMEM_MAX_STAGES if SMEM_MAX_STAGES * slice_bytes <= cap else 1
+            fitting.append((c, stages, stages * slice_bytes))
+            if slice_bytes <= SMEM_SLICE_MAX_BYTES:
+                return fitting[-1]
+    return fitting[-1] if fitting else None
+
+
+def _row_clusters(props: DeviceProps) -> tuple[int, ...]:
+    return (1, *CLUSTER_SIZES) if props.has_clusters else (1,)
+
+
+def _choose_row_path(src: str, cols: int, pack: int, cbytes: int, props: DeviceProps) -> str:
+    if cols <= WARP_MAX_COLS[ITEMSIZE[src]] and warp_config(cols, pack, cbytes) is not None:
+        return "warp"
+    cfg = smem_config(cols, pack, ITEMSIZE[src], props, _row_clusters(props))
+    if cfg is None:
+        return "uncached"
+    return "smem" if cfg[0] == 1 else "cluster"
+
+
+def _plan_smem(head: str, src: str, rows: int, cols: int, pack: int, props: DeviceProps,
+               occ: Occupancy, want_cluster: bool) -> LaunchPlan:
+    if want_cluster and not props.has_clusters:
+        raise ValueError(f"path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
+    cfg = smem_config(cols, pack, ITEMSIZE[src], props, CLUSTER_SIZES if want_cluster else (1,))
+    if cfg is None:
+        path = "cluster" if want_cluster else "smem"
+        raise ValueError(f"path {path!r} cannot cache cols={cols} of {src} in shared memory")
+    cluster, stages, smem = cfg
+    # Occupancy is asked of the cluster-free kernel: same registers and shared memory per block.
+    base_name = f"cunorm::softmax_smem<{head}, {pack}, {stages}>"
+    block, per_sm = pick_block(base_name, smem, occ)
+    if per_sm <= 0:
+        raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
+    if cluster == 1:
+        return LaunchPlan("smem", base_name, min(rows, props.sm_count * per_sm), block, smem)
+    name = f"cunorm::softmax_smem_cluster<{head}, {pack}, {cluster}, {stages}>"
+    clusters = max(1, min(rows, props.sm_count * per_sm // cluster))
+    return LaunchPlan("cluster", name, clusters * cluster, block, smem)
+
+
+# --- strided (outer, dim, inner) --------------------------------------------------------
+def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
+                 align_elems: int, props: DeviceProps, occ: Occupancy,
+                 force: str | None = None) -> LaunchPlan:
+    """Plan a softmax over the middle axis of an (outer, dim, inner) view, inner > 1.
+
+    A block of ``STRIDED_BLOCK`` threads owns ``tx_count * pack`` consecutive inner positions.
+    The widest tile whose (dim, tile) slab fits in shared memory with ``STRIDED_MIN_BLOCKS_PER_SM``
+    blocks per SM is cached (x read once); otherwise x is read twice.
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
+    >>> p = plan_strided("softmax", "float32", "float32", 32, 21, 65536, 4, h100,
+    ...                  lambda k, b, s: 2)
+    >>> p.path, p.tx_count
+    ('strided-cached', 32)
+    """
+    isz = max(ITEMSIZE[src], ITEMSIZE[dst])
+    pack = max_pack(inner, isz, align_elems)
+    # Source-typed packs go to shared memory; with a wider output the pack is bounded by it.
+    cbytes = compute_bytes(src, dst)
+    log = "true" if op == "log_softmax" else "false"
+    part_bytes = STRIDED_BLOCK * pack * 2 * cbytes  # one MaxSum per thread and pack element
+    budget = props.smem_per_sm // STRIDED_MIN_BLOCKS_PER_SM - STATIC_SMEM_RESERVE
+    tx = min(32, _next_pow2(_cdiv(inner, pack)))
+    cached_tx = tx
+    while cached_tx > 1 and part_bytes + dim * cached_tx * pack * ITEMSIZE[src] > budget:
+        cached_tx //= 2
+    fits = part_bytes + dim * cached_tx * pack * ITEMSIZE[src] <= budget
+    path = force or ("strided-cached" if fits else "strided")
+    if path == "strided-cached":
+        if not fits:
+            raise ValueError(f"path 'strided-cached' cannot cache dim={dim} in shared memory")
+        tx, cache = cached_tx, True
+    elif path == "strided":
+        cache = False
+    else:
+        raise ValueError(f"unknown strided path {path!r}; expected one of {STRIDED_PATHS}")
+    smem = part_bytes + (dim * tx * pack * ITEMSIZE[src] if cache else 0)
+    name = (f"cunorm::softmax_strided<{CTYPE[src]}, {CTYPE[dst]}, {log}, {pack}, "
+            f"{str(cache).lower()}>")
+    per_sm = occ(name, STRIDED_BLOCK, smem)
+    if per_sm <= 0:
+        raise ValueError(f"path {path!r} does not fit: {smem} bytes of shared memory per block")
+    tiles = outer * _cdiv(inner, tx * pack)
+    return LaunchPlan(path, name, min(tiles, props.sm_count * per_sm), STRIDED_BLOCK, smem, tx)
+
+
+# --- every instantiation ----------------------------------------------------------------
+def all_kernel_names(arch: int) -> list[str]:
+    """Every kernel name the planners above can emit for compute capability ``arch``, forced
+    paths included (nvcc compile test, ``python -m cunorm.precompile``)."""
+    names: set[str] = set()
+    for src, dst in KERNEL_DTYPE_PAIRS:
+        isz = max(ITEMSIZE[src], ITEMSIZE[dst])
+        cbytes = compute_bytes(src, dst)
+        packs = [p for p in (1, 2, 4, 8) if p * isz <= 16]
+        for op in ("softmax", "log_softmax"):
+            log = "true" if op == "log_softmax" else "false"
+            head = f"{CTYPE[src]}, {CTYPE[dst]}, {log}"
+            for pack in packs:
+                for cols in range(pack, 64 * pack * 32 + 1, pack):
+                    cfg = warp_config(cols, pack, cbytes)
+                    if cfg is not None:
+                        names.add(f"cunorm::softmax_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
+                                  f"{cfg[2]}>")
+                for stages in range(1, SMEM_MAX_STAGES + 1):
+                    names.add(f"cunorm::softmax_smem<{head}, {pack}, {stages}>")
+                    if arch >= 90:
+                        names.update(f"cunorm::softmax_smem_cluster<{head}, {pack}, {c}, {stages}>"
+                                     for c in CLUSTER_SIZES)
+                names.add(f"cunorm::softmax_uncached<{head}, {pack}>")
+                for cache in ("true", "false"):
+                    names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
+    return sorted(names)

@@ -1,0 +1,98 @@
+"""Kernel sources and the compilation cache: the one module that touches ``cupy.RawModule``.
+
+Kernels are C++ templates in ``cuda_src/*.cu``. A kernel is named by its template
+instantiation (e.g. ``cunorm::softmax_warp<float, float, false, 4, 8, 32, 1, false>``),
+compiled on first use for the device it runs on, and memoized per (device, name).
+``common.cuh`` is pasted in front of every source instead of being ``#include``-d, because
+CuPy's on-disk cache keys on the source text only and would miss an edited header.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from pathlib import Path
+
+# (device id, kernel name) -> cupy.RawKernel, filled lazily.
+_KERNELS: dict[tuple[int, str], object] = {}
+
+
+def source_dir() -> Path:
+    """Folder holding ``common.cuh`` and the ``*.cu`` sources.
+
+    Inside an installed wheel the sources live in ``cunorm/cuda_src``; in a source checkout
+    they are the top-level ``cuda_src/`` folder next to the package.
+    """
+    installed = importlib.resources.files("cunorm").joinpath("cuda_src")
+    if installed.is_dir():
+        return Path(str(installed))
+    checkout = Path(__file__).resolve().parent.parent / "cuda_src"
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(
+        "cunorm kernel sources not found: expected cunorm/cuda_src (installed) or "
+        f"cuda_src/ next to the package (checkout); looked in {installed} and {checkout}"
+    )
+
+
+@functools.cache
+def kernel_source(op_file: str) -> str:
+    """Full compilable source of ``cuda_src/<op_file>``: common.cuh inlined in front."""
+    folder = source_dir()
+    common = (folder / "common.cuh").read_text()
+    body = (folder / op_file).read_text()
+    return f"// ---- common.cuh ----\n{common}\n// ---- {op_file} ----\n{body}\n"
+
+
+def compile_options(arch: int) -> tuple[str, ...]:
+    """NVRTC/nvcc options for compute capability ``arch`` (e.g. 90). Must be a tuple (CuPy)."""
+    opts = ["--std=c++17", f"--gpu-architecture=sm_{arch}"]
+    if arch >= 90:
+        opts.append("-DCUNORM_SM90")  # thread-block clusters exist from sm_90 on
+    return tuple(opts)
+
+
+def get_kernel(device_id: int, arch: int, op_file: str, name: str, smem_optin: int = 0):
+    """Return the compiled kernel ``name`` from ``cuda_src/op_file`` for ``device_id``.
+
+    Parameters
+    ----------
+    device_id : int
+        CUDA device ordinal; kernels are cached per device.
+    arch : int
+        Compute capability as one number (``DeviceProps.arch``).
+    op_file : str
+        Source file under ``cuda_src/``, e.g. ``"softmax.cu"``.
+    name : str
+        Template instantiation to compile (an NVRTC name expression).
+    smem_optin : int
+        If non-zero, the kernel's dynamic shared-memory limit is raised to this many bytes
+        (minus its static shared memory) so blocks may use more than the default 48 KB.
+    """
+    key = (device_id, name)
+    kern = _KERNELS.get(key)
+    if kern is None:
+        import cupy
+
+        with cupy.cuda.Device(device_id):
+            module = cupy.RawModule(
+                code=kernel_source(op_file),
+                options=compile_options(arch),
+                name_expressions=(name,),
+            )
+            kern = module.get_function(name)
+            if smem_optin:
+                kern.max_dynamic_shared_size_bytes = smem_optin - kern.shared_size_bytes
+        _KERNELS[key] = kern
+    return kern
+
+
+def occupancy(kernel, block: int, dynamic_smem: int) -> int:
+    """Active blocks per multiprocessor for ``kernel`` at this block size and shared memory."""
+    import cupy
+
+    return int(
+        cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.kernel.ptr, block, dynamic_smem
+        )
+    )

@@ -1,0 +1,10 @@
+"""Benchmarks for cunorm: ``python -m cunorm.bench OP``.
+
+Times cunorm's row-wise ops on the standard sweep (shape ``(49152, cols)``, float16, bfloat16 and
+float32) against PyTorch eager, ``torch.compile``, ``cupyx.scipy.special``, JAX under ``jax.jit``
+and a minimal hand-written Triton kernel, all on the same input arrays, and reports effective
+bandwidth (bytes read + bytes written per second) next to the device-to-device copy bandwidth
+measured in the same run. Results go to ``benchmarks/results/`` as markdown, JSON and a PNG plot.
+
+Without a CUDA GPU it times cunorm's NumPy reference path on a small sweep instead.
+"""

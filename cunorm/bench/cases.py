@@ -1,0 +1,272 @@
+"""Benchmark inputs, shared zero-copy between CuPy, PyTorch and JAX, and the correctness guard.
+
+Every implementation in a cell reads the *same* device buffer: the input is created once with
+CuPy (random normal, never zeros: a zero input would let kernels skip work and make exp()
+trivially cheap) and handed to PyTorch and JAX through DLPack.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ops import TOLERANCE, OpSpec, numpy_dtype, torch_dtype
+
+# Rows per chunk of the guard's float32 comparison: about 2**26 elements (256 MB) at a time,
+# so checking a 6 GB output never needs another 6 GB of temporaries.
+_CHECK_CHUNK_ELEMS = 2**26
+# Rows the float64 reference is evaluated on (worst rows against torch, or a sample).
+_REF_ROWS = 16
+
+
+def synchronize() -> None:
+    """Wait for all work on the device (every stream, every library)."""
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+def free_memory() -> None:
+    """Return cached blocks of CuPy's and PyTorch's pools, so a large cell does not starve the
+    next library. (JAX's allocator keeps its pool; it is told not to preallocate.)"""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def to_torch(a: Any) -> Any:
+    """Zero-copy ``torch.Tensor`` view of a CuPy/JAX array (returned as is if already one)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return a
+    try:
+        return torch.from_dlpack(a)
+    except Exception:
+        # Older exporters may not know bfloat16 (DLPack kDLBfloat); reinterpret the bits.
+        import cupy
+
+        if isinstance(a, cupy.ndarray) and a.dtype.name == "bfloat16":
+            return torch.from_dlpack(a.view(cupy.int16)).view(torch.bfloat16)
+        raise
+
+
+def to_cupy(a: Any) -> Any:
+    """Zero-copy ``cupy.ndarray`` view of a torch/JAX array (returned as is if already one)."""
+    import cupy
+
+    if isinstance(a, cupy.ndarray):
+        return a
+    return cupy.from_dlpack(a)
+
+
+def to_jax(a: Any) -> Any:
+    """``jax.Array`` holding the data of a CuPy array: zero-copy through DLPack when JAX accepts
+    it, else a copy through the host (same values, so timings stay comparable)."""
+    import jax
+    import jax.numpy as jnp
+
+    for importer in (
+        getattr(jnp, "from_dlpack", None),
+        getattr(getattr(jax, "dlpack", None), "from_dlpack", None),
+    ):
+        if importer is None:
+            continue
+        try:
+            return importer(a)
+        except Exception:
+            continue
+    import cupy
+
+    return jax.device_put(cupy.asnumpy(a))
+
+
+@dataclass
+class Case:
+    """One input of one op: ``x`` plus its weight/bias, and lazily made torch/JAX views."""
+
+    op: OpSpec
+    dtype: str
+    x: Any
+    w: Any = None
+    b: Any = None
+    axis: int = -1
+    _torch: tuple[Any, Any, Any] | None = field(default=None, repr=False)
+    _jax: tuple[Any, Any, Any] | None = field(default=None, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape)
+
+    @property
+    def cols(self) -> int:
+        """Length of the reduced axis."""
+        return int(self.x.shape[self.axis])
+
+    @property
+    def rows(self) -> int:
+        """Number of independent rows (every other axis flattened)."""
+        return int(self.x.size) // max(1, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.op.moved_bytes(int(self.x.size), self.x.dtype.itemsize)
+
+    @property
+    def last_axis(self) -> bool:
+        return self.axis in (-1, self.x.ndim - 1)
+
+    def torch(self) -> tuple[Any, Any, Any]:
+        if self._torch is None:
+            arrays = (self.x, self.w, self.b)
+            self._torch = tuple(None if a is None else to_torch(a) for a in arrays)
+        return self._torch
+
+    def jax(self) -> tuple[Any, Any, Any]:
+        if self._jax is None:
+            arrays = (self.x, self.w, self.b)
+            self._jax = tuple(None if a is None else to_jax(a) for a in arrays)
+        return self._jax
+
+    def cunorm(self, fn: Any) -> Any:
+        return self.op.call(fn, self.x, self.w, self.b, self.axis)
+
+
+def _random(shape: tuple[int, ...], dtype: str, rs: Any) -> Any:
+    """Standard normal CuPy array of ``dtype`` (drawn in float32, or float64 for float64)."""
+    import cupy
+
+    draw = cupy.float64 if dtype == "float64" else cupy.float32
+    a = rs.standard_normal(shape, dtype=draw)
+    if a.dtype == numpy_dtype(dtype):
+        return a
+    try:
+        return a.astype(numpy_dtype(dtype))
+    except Exception:
+        # A CuPy without bfloat16 casts: let torch convert, then view the result in CuPy.
+        import torch
+
+        return cupy.from_dlpack(to_torch(a).to(torch_dtype(torch, dtype)))
+
+
+def make_case(
+    op: OpSpec, shape: tuple[int, ...], dtype: str, axis: int = -1, seed: int = 0
+) -> Case:
+    """Fresh random input for ``op`` (plus weight/bias of length ``shape[axis]``)."""
+    import cupy
+
+    rs = cupy.random.RandomState(seed)
+    x = _random(shape, dtype, rs)
+    cols = shape[axis]
+    w = _random((cols,), dtype, rs) if "weight" in op.params else None
+    b = _random((cols,), dtype, rs) if "bias" in op.params else None
+    synchronize()  # JAX reads through DLPack on its own stream: the data must exist first
+    return Case(op, dtype, x, w, b, axis)
+
+
+# -- correctness guard ------------------------------------------------------------------------
+@dataclass
+class Check:
+    """Outcome of comparing one output with the reference."""
+
+    ok: bool
+    err: float  # max over rows of max|out - ref| / max|ref|
+    note: str = ""
+
+
+def _rows2d(a: Any, axis: int) -> Any:
+    """2-D (rows, cols) view of a torch tensor with ``axis`` last (copies only if it must)."""
+    a = a.movedim(axis, -1) if axis not in (-1, a.ndim - 1) else a
+    return a.reshape(-1, a.shape[-1])
+
+
+def _rows2d_cupy(a: Any, axis: int) -> Any:
+    import cupy
+
+    a = cupy.moveaxis(a, axis, -1) if axis not in (-1, a.ndim - 1) else a
+    return a.reshape(-1, a.shape[-1])
+
+
+def _err_rows_torch(out2d: Any, ref2d: Any) -> Any:
+    """Per-row relative error (float32 tensor of length rows), computed in chunks."""
+    import torch
+
+    rows, cols = ref2d.shape
+    step = max(1, _CHECK_CHUNK_ELEMS // max(1, cols))
+    errs = []
+    for i in range(0, rows, step):
+        o = out2d[i : i + step].float()
+        r = ref2d[i : i + step].float()
+        num = (o - r).abs().amax(dim=-1)
+        den = r.abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+        errs.append(num / den)
+    err = torch.cat(errs)
+    # A NaN where the reference has none is an error, not a pass: NaN compares false.
+    return torch.nan_to_num(err, nan=float("inf"))
+
+
+def _f64(a: Any) -> Any:
+    """Float64 copy of a CuPy array (through torch where CuPy cannot cast, e.g. old bfloat16)."""
+    import cupy
+
+    if a is None:
+        return None
+    try:
+        return a.astype(cupy.float64)
+    except Exception:
+        return to_cupy(to_torch(cupy.ascontiguousarray(a)).double())
+
+
+def _err_rows_f64(case: Case, out2d_cupy: Any, idx: Any) -> float:
+    """Max relative error of the given rows against the float64 reference (CuPy)."""
+    import cupy
+
+    x2d = _rows2d_cupy(case.x, case.axis)
+    ref = case.op.reference(cupy, _f64(x2d[idx]), _f64(case.w), _f64(case.b))
+    num = cupy.abs(_f64(out2d_cupy[idx]) - ref).max(axis=-1)
+    den = cupy.maximum(cupy.abs(ref).max(axis=-1), 1e-300)
+    err = cupy.nan_to_num(num / den, nan=float("inf"))
+    return float(err.max())
+
+
+def check_output(case: Case, out: Any, ref: Any | None) -> Check:
+    """Compare ``out`` (any array) with the reference for ``case``.
+
+    With a PyTorch eager result ``ref``: every row is compared; if the error exceeds the dtype
+    tolerance, the worst rows are re-checked against a float64 reference, so a deviation of
+    PyTorch's own result (it has its own rounding) is not blamed on ``out``. Without ``ref``,
+    a sample of rows is compared with the float64 reference.
+    """
+    import cupy
+
+    tol = TOLERANCE[case.dtype]
+    rows = case.rows
+    if ref is not None:
+        err_rows = _err_rows_torch(_rows2d(to_torch(out), case.axis), _rows2d(ref, case.axis))
+        err = float(err_rows.max())
+        if err <= tol:
+            return Check(True, err)
+        worst = err_rows.topk(min(_REF_ROWS, rows)).indices.cpu().numpy()
+        idx = cupy.asarray(worst)
+        err64 = _err_rows_f64(case, _rows2d_cupy(to_cupy(out), case.axis), idx)
+        if err64 <= tol:
+            return Check(
+                True,
+                err64,
+                f"differs from torch by {err:.2e}, but is within "
+                f"{tol:g} of float64 ({err64:.2e}) on the worst rows",
+            )
+        return Check(
+            False,
+            err64,
+            f"error {err64:.2e} vs float64 (tolerance {tol:g}); {err:.2e} vs torch eager",
+        )
+    idx = cupy.unique(cupy.linspace(0, rows - 1, min(rows, 4 * _REF_ROWS)).astype(cupy.int64))
+    err64 = _err_rows_f64(case, _rows2d_cupy(to_cupy(out), case.axis), idx)
+    if err64 <= tol:
+        return Check(True, err64, "checked on sampled rows against float64")
+    return Check(False, err64, f"error {err64:.2e} vs float64 on sampled rows (tolerance {tol:g})")

@@ -1,0 +1,113 @@
+"""What machine and software a benchmark ran on.
+
+Nothing here imports torch, JAX or Triton: versions come from package metadata so that asking
+for them costs nothing and cannot change how those libraries initialise (JAX, for one, must see
+its allocator settings before its first import; see :mod:`cunorm.bench.peers`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import re
+from typing import Any
+
+# Distribution names to look up, by the name shown in reports. CuPy ships under several wheel
+# names (cupy-cuda13x, cupy-cuda12x, cupy), so the module's own __version__ is used for it.
+_DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "triton": ("triton", "pytorch-triton"),
+    "numpy": ("numpy",),
+    "ml_dtypes": ("ml_dtypes",),
+}
+
+
+def probe_gpu() -> tuple[bool, str]:
+    """Whether a usable CUDA GPU is present.
+
+    Returns
+    -------
+    ok : bool
+        True when CuPy imports and sees at least one device.
+    reason : str
+        Why not, when ``ok`` is False (empty otherwise).
+    """
+    try:
+        import cupy
+    except Exception as exc:  # a broken CUDA install raises more than ImportError
+        return False, f"cupy does not import ({type(exc).__name__}: {exc})"
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # e.g. cudaErrorInsufficientDriver, no driver at all
+        return False, f"{type(exc).__name__}: {exc}"
+    if count == 0:
+        return False, "CUDA reports 0 devices"
+    return True, ""
+
+
+def device_name(device_id: int = 0) -> str:
+    """Marketing name of CUDA device ``device_id``, e.g. ``"NVIDIA H200"``."""
+    import cupy
+
+    name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def slugify(name: str) -> str:
+    """File-name form of a device name: ``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``.
+
+    Examples
+    --------
+    >>> slugify("NVIDIA H200")
+    'nvidia-h200'
+    >>> slugify("  Tesla V100-SXM2-16GB ")
+    'tesla-v100-sxm2-16gb'
+    """
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug or "unknown-device"
+
+
+def today() -> str:
+    """Local date as ``YYYY-MM-DD`` (the date part of result file names)."""
+    return datetime.date.today().isoformat()
+
+
+def _dist_version(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def versions() -> dict[str, Any]:
+    """Versions of cunorm, CuPy, CUDA and the peer libraries (None where not installed)."""
+    out: dict[str, Any] = {}
+    try:
+        import cunorm
+
+        out["cunorm"] = getattr(cunorm, "__version__", None) or _dist_version(("cunorm",))
+    except Exception:  # the report still gets written without it
+        out["cunorm"] = None
+    try:
+        import cupy
+
+        out["cupy"] = cupy.__version__
+        try:
+            out["cuda_runtime"] = _cuda_version(cupy.cuda.runtime.runtimeGetVersion())
+            out["cuda_driver"] = _cuda_version(cupy.cuda.runtime.driverGetVersion())
+        except Exception:  # no driver on a CPU-only machine
+            pass
+    except Exception:
+        out["cupy"] = None
+    for shown, dists in _DISTRIBUTIONS.items():
+        out[shown] = _dist_version(dists)
+    return out
+
+
+def _cuda_version(v: int) -> str:
+    """CUDA's integer version (13000) as text ("13.0")."""
+    return f"{v // 1000}.{(v % 1000) // 10}"

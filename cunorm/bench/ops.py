@@ -1,0 +1,224 @@
+"""The ops the benchmark knows: one :class:`OpSpec` entry per op in :data:`OPS`.
+
+An entry names the cunorm function and its family. The family (``"softmax"`` or ``"norm"``) is
+what the peers key on: it says how to call cunorm, PyTorch and JAX, which Triton kernel applies
+and how to compute the float64 reference. A new row-wise op of an existing family is one entry;
+an op that does not fit the row-wise sweep (attention) sets ``rowwise=False`` and brings its own
+``runner``.
+
+cunorm is imported lazily and every function is looked up by name, so the benchmark keeps
+working while the library grows: an op whose function does not exist yet is reported as
+unavailable instead of crashing the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Error bound per dtype (DESIGN.md section 3), as max |out - ref| over a row divided by
+# max |ref| over that row.
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
+
+DTYPE_ALIASES = {
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "fp64": "float64",
+    "double": "float64",
+    "f64": "float64",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    """Canonical dtype name (``"bf16"`` -> ``"bfloat16"``); ValueError for anything else."""
+    name = DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if name not in TOLERANCE:
+        raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(TOLERANCE)}")
+    return name
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """NumPy dtype for a canonical name; bfloat16 comes from ``ml_dtypes`` (as CuPy uses)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def torch_dtype(torch: Any, name: str) -> Any:
+    """``torch.float16`` etc. for a canonical name."""
+    return getattr(torch, name)
+
+
+@dataclass(frozen=True)
+class ExtraCase:
+    """A non-standard layout timed in its own table (e.g. softmax over axis 1)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    axis: int
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to run and check one op.
+
+    Attributes
+    ----------
+    name : str
+        CLI name, also used in file names.
+    cunorm_attr : str
+        Attribute of the ``cunorm`` namespace implementing it.
+    family : {"softmax", "norm"}
+        Selects call conventions, peers, Triton kernel and reference.
+    log : bool
+        Softmax family: log_softmax instead of softmax.
+    rms : bool
+        Norm family: RMS norm (no mean, no bias) instead of layer norm.
+    params : tuple of str
+        Norm family: which of ``"weight"``, ``"bias"`` the op takes (length ``cols``, dtype of x).
+    eps : float
+        Norm family: epsilon, passed explicitly to every implementation so they all agree.
+    rowwise : bool
+        Part of the ``(rows, cols)`` sweep and of ``all``.
+    extra_cases : tuple of ExtraCase
+        Extra layouts, timed against PyTorch only.
+    runner : callable, optional
+        ``runner(args) -> exit code`` for ops outside the row-wise sweep.
+    """
+
+    name: str
+    cunorm_attr: str
+    family: str
+    log: bool = False
+    rms: bool = False
+    params: tuple[str, ...] = ()
+    eps: float = 0.0
+    rowwise: bool = True
+    extra_cases: tuple[ExtraCase, ...] = ()
+    runner: Callable[[Any], int] | None = None
+
+    # -- cunorm ---------------------------------------------------------------------------------
+    def resolve(self) -> tuple[Callable[..., Any] | None, str]:
+        """The cunorm function, or None and a one-line reason it is unavailable."""
+        try:
+            import cunorm
+        except Exception as exc:  # a half-written core must not take the benchmark down
+            return None, f"cunorm does not import ({type(exc).__name__}: {exc})"
+        fn = getattr(cunorm, self.cunorm_attr, None)
+        if fn is None:
+            return None, (
+                f"cunorm.{self.cunorm_attr} is not available yet (the cunorm namespace "
+                f"has no attribute {self.cunorm_attr!r}); {self.name} skipped"
+            )
+        return fn, ""
+
+    def call(self, fn: Callable[..., Any], x: Any, w: Any, b: Any, axis: int) -> Any:
+        """Call cunorm (or its NumPy path) the way a user would."""
+        if self.family == "softmax":
+            return fn(x, axis=axis)
+        args = [x, w] + ([b] if "bias" in self.params else [])
+        return fn(*args, axis=axis, eps=self.eps)
+
+    # -- peers ----------------------------------------------------------------------------------
+    def torch_fn(self, torch: Any) -> Callable[[Any, Any, Any, int], Any]:
+        """``f(t, weight, bias, dim)`` in PyTorch eager (also what ``torch.compile`` compiles)."""
+        F = torch.nn.functional
+        eps = self.eps
+        if self.family == "softmax":
+            if self.log:
+                return lambda t, w, b, dim: torch.log_softmax(t, dim)
+            return lambda t, w, b, dim: torch.softmax(t, dim)
+        if self.rms:
+            return lambda t, w, b, dim: F.rms_norm(t, (t.shape[-1],), w, eps)
+        return lambda t, w, b, dim: F.layer_norm(t, (t.shape[-1],), w, b, eps)
+
+    def jax_fn(self, jax: Any, axis: int) -> Callable[[Any, Any, Any], Any]:
+        """``f(x, weight, bias)`` in JAX, to be wrapped in ``jax.jit``.
+
+        The norms are written out in ``jnp`` (JAX has no fused norm op), computing in float32
+        for 16-bit inputs as the other implementations do.
+        """
+        jnp = jax.numpy
+        eps = self.eps
+        if self.family == "softmax":
+            f = jax.nn.log_softmax if self.log else jax.nn.softmax
+            return lambda x, w, b: f(x, axis=axis)
+
+        def norm(x: Any, w: Any, b: Any) -> Any:
+            ct = jnp.promote_types(x.dtype, jnp.float32)
+            xf = x.astype(ct)
+            if self.rms:
+                y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=axis, keepdims=True) + eps)
+            else:
+                xc = xf - jnp.mean(xf, axis=axis, keepdims=True)
+                y = xc * jax.lax.rsqrt(jnp.mean(xc * xc, axis=axis, keepdims=True) + eps)
+            if w is not None:
+                y = y * w.astype(ct)
+            if b is not None:
+                y = y + b.astype(ct)
+            return y.astype(x.dtype)
+
+        return norm
+
+    # -- checking -------------------------------------------------------------------------------
+    def reference(self, xp: Any, x2d: Any, w: Any = None, b: Any = None) -> Any:
+        """Float64 result over the last axis of a 2-D ``x2d`` (NumPy or CuPy, any float dtype)."""
+        x = x2d.astype(xp.float64)
+        if self.family == "softmax":
+            s = x - x.max(axis=-1, keepdims=True)
+            if self.log:
+                return s - xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
+            e = xp.exp(s)
+            return e / e.sum(axis=-1, keepdims=True)
+        if self.rms:
+            y = x / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)
+        else:
+            xc = x - x.mean(axis=-1, keepdims=True)
+            y = xc / xp.sqrt((xc * xc).mean(axis=-1, keepdims=True) + self.eps)
+        if w is not None:
+            y = y * w.astype(xp.float64)
+        if b is not None:
+            y = y + b.astype(xp.float64)
+        return y
+
+    @staticmethod
+    def moved_bytes(size: int, itemsize: int) -> int:
+        """Bytes that must move: the input read once, the output written once.
+
+        Norm weights, biases and statistics are O(cols) or O(rows), negligible next to
+        ``rows * cols``, and are left out so every op is measured on the same scale.
+        """
+        return 2 * size * itemsize
+
+
+# Softmax over a non-last axis, shapes from common models: attention scores (32, 21, 256, 256)
+# in float32, and (16, 4096, 1024) in float16.
+_SOFTMAX_EXTRAS = (
+    ExtraCase("float32", (32, 21, 256, 256), 1),
+    ExtraCase("float16", (16, 4096, 1024), 1),
+)
+
+OPS: dict[str, OpSpec] = {
+    "softmax": OpSpec("softmax", "softmax", "softmax", extra_cases=_SOFTMAX_EXTRAS),
+    "log_softmax": OpSpec(
+        "log_softmax", "log_softmax", "softmax", log=True, extra_cases=_SOFTMAX_EXTRAS
+    ),
+    "layer_norm": OpSpec("layer_norm", "layer_norm", "norm", params=("weight", "bias"), eps=1e-5),
+    "rms_norm": OpSpec("rms_norm", "rms_norm", "norm", rms=True, params=("weight",), eps=1e-6),
+    # "attention": OpSpec(..., rowwise=False, runner=...) -- added with the attention kernels.
+}
+
+
+def rowwise_ops() -> list[OpSpec]:
+    """The ops ``all`` runs, in table order."""
+    return [op for op in OPS.values() if op.rowwise]

@@ -1,0 +1,231 @@
+"""Peer implementations timed next to cunorm, each on the same input buffer.
+
+A peer is built once per run (its constructor imports its library and fails if that library
+or a GPU backend is missing: the peer is then dropped with the reason logged) and asked for a
+callable per case (:meth:`Peer.build`; a case it does not cover raises
+:class:`PeerUnavailable`, shown as '—'). The callable returns its output so the correctness
+guard can check it before it is timed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .cases import Case
+
+# Names as they appear in table headers; the CLI also accepts the aliases.
+PEER_NAMES = ("torch", "torch.compile", "cupyx", "jax", "triton")
+PEER_ALIASES = {
+    "eager": "torch",
+    "compile": "torch.compile",
+    "inductor": "torch.compile",
+    "cupy": "cupyx",
+}
+# Peers run for the extra (non-last-axis) cases.
+EXTRA_CASE_PEERS = ("torch", "torch.compile")
+# torch.compile compiles one graph per input shape (dynamic=False); the sweep needs ~60 of them
+# per op, far above Dynamo's default limit of 8 recompilations per function.
+_DYNAMO_LIMIT = 1024
+
+
+class PeerUnavailable(Exception):
+    """The peer does not cover this case (dtype, shape or op); the message says why."""
+
+
+class Peer:
+    """One implementation to compare with.
+
+    Attributes
+    ----------
+    name : str
+        Column header.
+    wall_clock : bool
+        Time with :func:`~cunorm.bench.timing.wall_clock_ms` instead of CUDA events (the
+        peer launches on streams the events do not bracket).
+    """
+
+    name = ""
+    wall_clock = False
+
+    def build(self, case: Case) -> Callable[[], Any]:
+        """A zero-argument callable computing ``case`` and returning the output."""
+        raise NotImplementedError
+
+
+def _import_torch_cuda() -> Any:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch is installed without a usable CUDA device")
+    return torch
+
+
+class TorchEager(Peer):
+    """PyTorch eager: ``torch.softmax``, ``torch.log_softmax``, ``F.layer_norm``,
+    ``F.rms_norm`` (with weight, and bias for layer_norm)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self.torch = _import_torch_cuda()
+
+    def build(self, case: Case) -> Callable[[], Any]:
+        f = case.op.torch_fn(self.torch)
+        t, w, b = case.torch()
+        dim = case.axis
+        return lambda: f(t, w, b, dim)
+
+
+class TorchCompile(Peer):
+    """``torch.compile(f, dynamic=False)`` of the eager function (Inductor writes Triton).
+
+    One compiled function per (op, dtype); Dynamo recompiles it for each new shape, which the
+    first, untimed call of each case pays.
+    """
+
+    name = "torch.compile"
+
+    def __init__(self) -> None:
+        self.torch = _import_torch_cuda()
+        import torch._dynamo
+
+        cfg = torch._dynamo.config
+        # The limit was renamed (cache_size_limit -> recompile_limit); set whichever exist.
+        for attr in (
+            "cache_size_limit",
+            "recompile_limit",
+            "accumulated_cache_size_limit",
+            "accumulated_recompile_limit",
+        ):
+            if hasattr(cfg, attr):
+                try:
+                    setattr(cfg, attr, _DYNAMO_LIMIT)
+                except Exception:  # a deprecated alias may refuse assignment
+                    pass
+        self._compiled: dict[tuple[str, str], Callable[..., Any]] = {}
+
+    def build(self, case: Case) -> Callable[[], Any]:
+        key = (case.op.name, case.dtype)
+        if key not in self._compiled:
+            self._compiled[key] = self.torch.compile(case.op.torch_fn(self.torch), dynamic=False)
+        f = self._compiled[key]
+        t, w, b = case.torch()
+        dim = case.axis
+        return lambda: f(t, w, b, dim)
+
+
+class Cupyx(Peer):
+    """``cupyx.scipy.special.softmax`` / ``log_softmax`` (float16/float32/float64 only)."""
+
+    name = "cupyx"
+
+    def __init__(self) -> None:
+        from cupyx.scipy import special
+
+        self.special = special
+
+    def build(self, case: Case) -> Callable[[], Any]:
+        if case.op.family != "softmax":
+            raise PeerUnavailable(f"cupyx.scipy.special has no {case.op.name}")
+        if case.dtype == "bfloat16":
+            raise PeerUnavailable(
+                "bfloat16 skipped (cupyx.scipy.special is timed on float16/float32 only)"
+            )
+        f = self.special.log_softmax if case.op.log else self.special.softmax
+        x, axis = case.x, case.axis
+        # axis must be explicit: SciPy's default (None) normalizes over the whole array.
+        return lambda: f(x, axis=axis)
+
+
+class Jax(Peer):
+    """``jax.jit`` of ``jax.nn.softmax`` / ``log_softmax`` and of norms written in ``jnp``,
+    timed with wall clock around ``block_until_ready()`` (includes dispatch)."""
+
+    name = "jax"
+    wall_clock = True
+
+    def __init__(self) -> None:
+        # Must be set before JAX's first import: by default it grabs 75% of GPU memory up
+        # front, which would leave too little for the largest cells of the other libraries.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        import jax
+
+        backend = jax.default_backend()
+        if backend not in ("gpu", "cuda"):
+            raise RuntimeError(f"JAX has no GPU backend (default backend is {backend!r})")
+        self.jax = jax
+        self._jitted: dict[tuple[str, int], Callable[..., Any]] = {}
+
+    def build(self, case: Case) -> Callable[[], Any]:
+        key = (case.op.name, case.axis)
+        if key not in self._jitted:
+            self._jitted[key] = self.jax.jit(case.op.jax_fn(self.jax, case.axis))
+        f = self._jitted[key]
+        x, w, b = case.jax()
+        return lambda: f(x, w, b).block_until_ready()
+
+
+class Triton(Peer):
+    """The minimal one-row-per-program Triton kernels of :mod:`cunorm.bench.triton_kernels`."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        _import_torch_cuda()
+        from . import triton_kernels
+
+        self.k = triton_kernels
+
+    def build(self, case: Case) -> Callable[[], Any]:
+        k, op = self.k, case.op
+        if op.family not in ("softmax", "norm"):
+            raise PeerUnavailable(f"no Triton kernel for {op.name}")
+        if case.dtype not in k.DTYPES:
+            raise PeerUnavailable(f"{case.dtype} not covered by the minimal kernel")
+        if case.x.ndim != 2 or not case.last_axis:
+            raise PeerUnavailable("covers the last axis of a 2-D array only")
+        if case.cols > k.MAX_COLS:
+            raise PeerUnavailable(f"cols > {k.MAX_COLS}: a row does not fit in registers")
+        t, w, b = case.torch()
+        if op.family == "softmax":
+            log = op.log
+            return lambda: k.softmax(t, log)
+        eps, rms = op.eps, op.rms
+        return lambda: k.norm(t, w, b, eps, rms)
+
+
+_PEER_CLASSES: dict[str, type[Peer]] = {
+    "torch": TorchEager,
+    "torch.compile": TorchCompile,
+    "cupyx": Cupyx,
+    "jax": Jax,
+    "triton": Triton,
+}
+
+
+def canonical_peer(name: str) -> str:
+    """Canonical peer name (``"compile"`` -> ``"torch.compile"``); ValueError if unknown."""
+    name = PEER_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if name not in _PEER_CLASSES:
+        raise ValueError(f"unknown peer {name!r}; expected some of {', '.join(PEER_NAMES)}")
+    return name
+
+
+def make_peers(
+    names: tuple[str, ...] | list[str] = PEER_NAMES, log: Callable[[str], None] = print
+) -> list[Peer]:
+    """Construct the requested peers; one that cannot start is dropped with a logged reason."""
+    peers: list[Peer] = []
+    for name in names:
+        try:
+            peers.append(_PEER_CLASSES[name]())
+        except Exception as exc:  # ImportError, no GPU backend, broken install: all the same here
+            log(f"peer {name} unavailable: {type(exc).__name__}: {first_line(exc)}")
+    return peers
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,224 @@
+"""Timers and the copy-bandwidth ceiling.
+
+Every GPU number in a report comes from one :class:`Timer` chosen once per run:
+
+* :class:`TritonTimer` wraps ``triton.testing.do_bench`` (CUDA events, 256 MB L2 flush before
+  every repetition, median). It is what the peer anchors in ``shared/anchors`` were taken with,
+  so our numbers stay comparable with theirs.
+* :class:`CupyEventTimer` does the same with CuPy events when Triton (or torch, which
+  ``do_bench`` needs) is missing.
+
+Both record events on the *legacy default stream*: CuPy's and PyTorch's current stream unless a
+caller changes it, so kernels launched by cunorm, CuPy, PyTorch and Triton all land between the
+two events. JAX runs on its own streams and is timed with :func:`wall_clock_ms` instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+# do_bench's defaults, also used by the CuPy fallback: 25 ms of warm-up, 100 ms of timed reps.
+WARMUP_MS = 25
+REP_MS = 100
+# Larger than any L2 we target (H100/H200: 50 MB), so a write of it evicts the previous inputs.
+L2_FLUSH_BYTES = 256 * 2**20
+# Copy ceiling buffer: 1 GiB, far beyond L2, long enough that launch latency is noise.
+COPY_BYTES = 2**30
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    """Effective bandwidth in GB/s (1e9 bytes/s) for ``nbytes`` moved in ``ms`` milliseconds."""
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+class Timer(Protocol):
+    """A GPU timer: ``timer(fn)`` returns the median time of one ``fn()`` call in ms."""
+
+    method: str
+
+    def __call__(self, fn: Callable[[], Any]) -> float: ...
+
+
+class TritonTimer:
+    """``triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")``."""
+
+    method = (
+        "`triton.testing.do_bench(fn, warmup=25, rep=100, return_mode='median')`: CUDA events, "
+        "a 256 MB L2 flush before every repetition, median"
+    )
+
+    def __init__(self) -> None:
+        from triton.testing import do_bench
+
+        self._do_bench = do_bench
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        return float(self._do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+
+
+class CupyEventTimer:
+    """CUDA-event timer on CuPy's current stream with an L2 flush before every repetition.
+
+    Mirrors ``do_bench``: estimate the time of one call, then run ``warmup_ms`` worth of
+    untimed calls and ``rep_ms`` worth of timed ones (at least ``min_reps``), return the median.
+    """
+
+    method = (
+        "CUDA events (CuPy) around each call, a 256 MB L2 flush before every repetition, "
+        "25 ms warm-up, median of >= 100 ms of repetitions"
+    )
+
+    def __init__(
+        self,
+        warmup_ms: float = WARMUP_MS,
+        rep_ms: float = REP_MS,
+        min_reps: int = 10,
+        max_reps: int = 2000,
+    ) -> None:
+        import cupy
+
+        self._cupy = cupy
+        self._flush_buf = cupy.empty(L2_FLUSH_BYTES, dtype=cupy.int8)
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self.min_reps, self.max_reps = min_reps, max_reps
+
+    def _flush(self) -> None:
+        self._flush_buf.fill(0)
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        cupy = self._cupy
+        fn()
+        cupy.cuda.get_current_stream().synchronize()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(5):
+            self._flush()
+            fn()
+        end.record()
+        end.synchronize()
+        # The estimate includes the flushes, so it errs on the side of fewer repetitions.
+        estimate = max(cupy.cuda.get_elapsed_time(start, end) / 5, 1e-3)
+        for _ in range(max(1, int(self.warmup_ms / estimate))):
+            fn()
+        n = min(self.max_reps, max(self.min_reps, int(self.rep_ms / estimate)))
+        events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(n)]
+        for s, e in events:
+            self._flush()
+            s.record()
+            fn()
+            e.record()
+        events[-1][1].synchronize()
+        return statistics.median(cupy.cuda.get_elapsed_time(s, e) for s, e in events)
+
+
+def make_timer(prefer: str = "auto", log: Callable[[str], None] = print) -> Timer:
+    """Pick the timer for this run.
+
+    Parameters
+    ----------
+    prefer : {"auto", "triton", "cupy"}
+        ``"auto"`` uses ``do_bench`` when Triton and a CUDA-enabled torch import and a trial run
+        works, else CuPy events.
+    log : callable
+        Receives one line explaining a fallback.
+    """
+    if prefer in ("auto", "triton"):
+        try:
+            import cupy
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError("torch has no CUDA device")
+            timer = TritonTimer()
+            probe = cupy.zeros(1024, dtype=cupy.float32)
+            timer(lambda: probe.fill(1.0))  # a broken do_bench should fail here, not mid-sweep
+            return timer
+        except Exception as exc:  # any failure means: fall back, with the reason shown
+            if prefer == "triton":
+                raise
+            msg = (str(exc).strip().splitlines() or [""])[0]
+            log(
+                f"timer: triton.testing.do_bench unusable ({type(exc).__name__}: {msg}); "
+                "using CuPy CUDA events with an L2 flush"
+            )
+    return CupyEventTimer()
+
+
+def wall_clock_ms(
+    fn: Callable[[], Any],
+    before_each: Callable[[], None] | None = None,
+    warmup: int = 3,
+    rep_ms: float = REP_MS,
+    min_reps: int = 10,
+    max_reps: int = 500,
+) -> float:
+    """Median wall-clock time of ``fn()``, which must block until its result exists.
+
+    Used for JAX (``f(x).block_until_ready()``): JAX launches on its own streams, which CUDA
+    events on the default stream would not bracket. The number includes host dispatch.
+
+    Parameters
+    ----------
+    fn : callable
+        The blocking call to time.
+    before_each : callable, optional
+        Run untimed before each repetition (an L2 flush that synchronizes).
+    warmup, rep_ms, min_reps, max_reps
+        Untimed calls first; then repetitions until ``rep_ms`` have been timed (within bounds).
+    """
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    total = 0.0
+    while len(times) < max_reps and (len(times) < min_reps or total < rep_ms):
+        if before_each is not None:
+            before_each()
+        t0 = time.perf_counter()
+        fn()
+        dt = (time.perf_counter() - t0) * 1e3
+        times.append(dt)
+        total += dt
+    return statistics.median(times)
+
+
+def host_ms(fn: Callable[[], Any], min_reps: int = 5, budget_s: float = 0.3) -> float:
+    """Median wall-clock ms of a synchronous CPU call (the NumPy reference path)."""
+    fn()  # first call pays imports and page faults
+    times: list[float] = []
+    t_start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - t_start < budget_s:
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+        if len(times) >= 1000:
+            break
+    return statistics.median(times)
+
+
+def copy_bandwidth(timer: Timer, nbytes: int = COPY_BYTES) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting read + write (2 x nbytes per copy).
+
+    ``cudaMemcpyAsync`` of a ``nbytes`` buffer: the ceiling for any op that reads its input
+    once and writes its output once.
+    """
+    import cupy
+
+    rt = cupy.cuda.runtime
+    src = cupy.empty(nbytes, dtype=cupy.uint8)
+    dst = cupy.empty_like(src)
+    src.fill(1)  # touch the pages so the first timed copy pays no lazy allocation
+    src_ptr, dst_ptr = src.data.ptr, dst.data.ptr
+
+    def copy() -> None:
+        stream = cupy.cuda.get_current_stream().ptr
+        rt.memcpyAsync(dst_ptr, src_ptr, nbytes, rt.memcpyDeviceToDevice, stream)
+
+    try:
+        ms = timer(copy)
+    finally:
+        del src, dst
+        cupy.get_default_memory_pool().free_all_blocks()
+    return gbps(2 * nbytes, ms)

@@ -1,0 +1,389 @@
+"""GPU tests of softmax / log_softmax: every kernel path forced on the same inputs at every
+boundary column count, dtypes, axes, layouts, special values, in-place, frameworks, 64-bit
+indexing. Skipped (with the reason) where no CUDA GPU is present."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+import cunorm
+from cunorm import _dispatch
+
+softmax_module = importlib.import_module("cunorm.softmax")  # the function shadows the module
+
+cupy = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+try:
+    _N_GPUS = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # CuPy installed, no driver / no device
+    _N_GPUS = 0
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(_N_GPUS == 0, reason="no CUDA GPU: GPU tests not run")]
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
+OPS = {"softmax": cunorm.softmax, "log_softmax": cunorm.log_softmax}
+
+# Column counts on every regime boundary: tiny groups, pack multiples +-1, warp limit +-1,
+# block sizes, smem capacity edges, 2^16 + 1.
+BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511,
+                 512, 513, 1000, 1023, 1024, 1025, 1535, 1536, 1537, 2047, 2048, 2049, 4095,
+                 4097, 12288, 16385, 32767, 57344, 65537]
+ROW_PATHS = ["warp", "smem", "cluster", "uncached"]
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def reference(x: np.ndarray, axis, log: bool) -> np.ndarray:
+    """float64 softmax / log_softmax with NumPy semantics for special values."""
+    xf = x.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = xf - xf.max(axis=axis, keepdims=True)
+        s = np.exp(z).sum(axis=axis, keepdims=True)
+        return z - np.log(s) if log else np.exp(z) / s
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray, axis=-1) -> float:
+    """Largest relative max-norm error over the slices along ``axis``."""
+    y = y.astype(np.float64)
+    num = np.abs(y - ref).max(axis=axis)
+    den = np.abs(ref).max(axis=axis)
+    return float((num / np.maximum(den, 1e-300)).max()) if num.size else 0.0
+
+
+def random_input(shape, dtype, seed=0, scale=3.0):
+    """Fresh N(0, scale) data on the GPU (never zeros) and its host copy."""
+    host = (_rng(seed).standard_normal(shape) * scale).astype(dtype)
+    return cupy.asarray(host), host
+
+
+def can_force(path: str, cols: int, dtype) -> bool:
+    name = np.dtype(dtype).name
+    cb = 8 if name == "float64" else 4
+    props = cunorm._device.device_props(0)
+    if path == "warp":
+        pack = _dispatch.max_pack(cols, np.dtype(dtype).itemsize, 16)
+        return _dispatch.warp_config(cols, pack, cb) is not None
+    row_bytes = cols * np.dtype(dtype).itemsize
+    if path == "smem":
+        return row_bytes <= props.smem_per_block_optin - _dispatch.STATIC_SMEM_RESERVE
+    if path == "cluster":
+        return props.has_clusters and row_bytes <= 8 * (
+            props.smem_per_block_optin - _dispatch.STATIC_SMEM_RESERVE)
+    return True
+
+
+# --- every path on the same inputs at every boundary ------------------------------------
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", BOUNDARY_COLS)
+def test_paths_agree_at_boundaries(op, dtype, cols):
+    rows = 37  # odd: exercises the masked second row of tiny-row groups
+    x, xh = random_input((rows, cols), dtype, seed=cols)
+    ref = reference(xh, -1, op == "log_softmax")
+    results = {}
+    for path in [None] + ROW_PATHS:
+        if path is not None and not can_force(path, cols, dtype):
+            continue
+        out = cupy.full((rows, cols), np.nan, dtype=dtype)  # poison: every element is written
+        with _dispatch.force_path(path):
+            OPS[op](x, out=out)
+        y = cupy.asnumpy(out)
+        assert not np.isnan(y.astype(np.float64)).any(), f"path {path}: unwritten/NaN output"
+        err = rel_err(y, ref)
+        assert err <= TOL[dtype.name], f"path {path}: error {err:.3g} > {TOL[dtype.name]}"
+        results[path] = y
+    # all forced paths compute the same function (within the dtype's rounding)
+    base = results[None].astype(np.float64)
+    for path, y in results.items():
+        np.testing.assert_allclose(y.astype(np.float64), base, rtol=0,
+                                   atol=2 * TOL[dtype.name] * np.abs(base).max(), err_msg=path)
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+def test_forced_path_is_taken(path):
+    cols = 3000
+    if not can_force(path, cols, np.float32):
+        pytest.skip(f"{path} not available on this device")
+    x, _ = random_input((5, cols), np.float32)
+    with _dispatch.force_path(path):
+        cunorm.softmax(x)
+    plans = [p for k, (p, *_) in softmax_module._PLANS.items()
+             if k[4:6] == (5, cols) and k[-1] == path]
+    assert plans and plans[0].path == path
+
+
+def test_forcing_an_impossible_path_raises():
+    x, _ = random_input((2, 100_000), np.float32)
+    with _dispatch.force_path("warp"), pytest.raises(ValueError, match="warp"):
+        cunorm.softmax(x)
+
+
+# --- dtypes, output dtypes --------------------------------------------------------------
+@pytest.mark.parametrize("src,dst", [(np.float16, np.float32), (BF16, np.float32),
+                                     (np.float32, np.float64), (np.float32, np.float16),
+                                     (np.float64, np.float32), (np.float16, np.float64)])
+@pytest.mark.parametrize("cols", [7, 512, 3000, 40000])
+def test_output_dtype(src, dst, cols):
+    x, xh = random_input((9, cols), src, seed=3)
+    y = cunorm.softmax(x, dtype=dst)
+    assert y.dtype == np.dtype(dst)
+    tol = max(TOL[np.dtype(dst).name], 1e-12 if np.dtype(src) == np.float64 else 0)
+    assert rel_err(cupy.asnumpy(y), reference(xh, -1, False)) <= tol
+
+
+# --- axes and layouts -------------------------------------------------------------------
+AXES_CASES = [((6, 7, 8), 0), ((6, 7, 8), 1), ((6, 7, 8), -1), ((6, 7, 8), (1, 2)),
+              ((6, 7, 8), (0, 1)), ((6, 7, 8), (0, 2)), ((6, 7, 8), (0, 1, 2)),
+              ((4, 21, 16, 16), 1), ((3, 300, 64), 1), ((2, 5000, 24), 1), ((1000, 3), 0),
+              ((4, 3, 5, 2), (1, 3))]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape,axis", AXES_CASES)
+def test_axes(op, dtype, shape, axis):
+    x, xh = random_input(shape, dtype, seed=len(shape))
+    ax = axis if isinstance(axis, tuple) else (axis,)
+    ref = reference(xh, ax, op == "log_softmax")
+    y = cupy.asnumpy(OPS[op](x, axis=axis)).astype(np.float64)
+    # relative max-norm per slice: move the reduced axes last and flatten them
+    keep = [i for i in range(len(shape)) if i not in [a % len(shape) for a in ax]]
+    perm = keep + [a % len(shape) for a in ax]
+    n = int(np.prod([shape[i] for i in keep]))
+    err = rel_err(y.transpose(perm).reshape(n, -1), ref.transpose(perm).reshape(n, -1))
+    assert err <= TOL[dtype.name]
+
+
+@pytest.mark.parametrize("path", ["strided-cached", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(3, 17, 33), (2, 64, 256), (5, 1000, 8), (1, 3, 4096)])
+def test_strided_paths(path, dtype, shape):
+    x, xh = random_input(shape, dtype, seed=11)
+    ref = reference(xh, 1, False)
+    out = cupy.full(shape, np.nan, dtype=dtype)
+    try:
+        with _dispatch.force_path(path):
+            cunorm.softmax(x, axis=1, out=out)
+    except ValueError as err:  # the cached path cannot hold every dim
+        assert path == "strided-cached" and "cache" in str(err)
+        return
+    y = cupy.asnumpy(out).astype(np.float64)
+    assert not np.isnan(y).any()
+    assert rel_err(y.transpose(0, 2, 1).reshape(-1, shape[1]),
+                   ref.transpose(0, 2, 1).reshape(-1, shape[1])) <= TOL[dtype.name]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("view", ["row_stride", "col_stride", "transposed", "offset",
+                                  "negative", "broadcast"])
+def test_non_contiguous(dtype, view):
+    base, _ = random_input((64, 1030), dtype, seed=5)
+    x = {"row_stride": base[::3, :1024], "col_stride": base[:, ::2], "transposed": base.T,
+         "offset": base[:, 1:1025], "negative": base[:, ::-1],
+         "broadcast": cupy.broadcast_to(base[0], (8, 1030))}[view]
+    xh = cupy.asnumpy(x)
+    for path in [None] + ROW_PATHS:
+        if path is not None and not can_force(path, x.shape[-1], dtype):
+            continue
+        with _dispatch.force_path(path):
+            y = cupy.asnumpy(cunorm.softmax(x))
+        assert rel_err(y, reference(xh, -1, False)) <= TOL[dtype.name], path
+    # x unchanged
+    assert np.array_equal(cupy.asnumpy(x).view(np.uint8), xh.view(np.uint8))
+
+
+# --- special values ---------------------------------------------------------------------
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [5, 64, 700, 3000, 70000])
+def test_special_values(op, dtype, cols):
+    xh = (_rng(cols).standard_normal((6, cols)) * 2).astype(dtype)
+    xh[0, cols // 2] = np.nan          # NaN row -> NaN row
+    xh[1, :] = -np.inf                 # all -inf -> NaN
+    xh[2, ::2] = -np.inf               # some -inf -> 0 there (softmax), finite elsewhere
+    xh[3, cols // 3] = np.inf          # +inf -> NaN row (NumPy semantics)
+    xh[4, :] = 1e4 if dtype != np.float16 else 6e4  # constant large row: uniform result
+    ref = reference(xh, -1, op == "log_softmax")
+    for path in [None] + ROW_PATHS:
+        if path is not None and not can_force(path, cols, dtype):
+            continue
+        with _dispatch.force_path(path):
+            y = cupy.asnumpy(OPS[op](cupy.asarray(xh))).astype(np.float64)
+        for r in range(6):
+            np.testing.assert_array_equal(np.isnan(y[r]), np.isnan(ref[r]),
+                                          err_msg=f"path {path} row {r} NaN pattern")
+            finite = ~np.isnan(ref[r])
+            if finite.any():
+                num = np.abs(y[r][finite] - ref[r][finite])
+                num = num[np.isfinite(num)]
+                assert (num.max(initial=0) / np.abs(ref[r][finite]).max()) <= TOL[dtype.name]
+            np.testing.assert_array_equal(np.isinf(y[r]), np.isinf(ref[r]))
+
+
+def test_properties_sum_and_shift():
+    x, xh = random_input((100, 3000), np.float32, seed=9)
+    y = cunorm.softmax(x)
+    np.testing.assert_allclose(cupy.asnumpy(y.sum(-1, dtype=np.float64)), 1.0, atol=1e-5)
+    y2 = cunorm.softmax(x + 100.0)
+    np.testing.assert_allclose(cupy.asnumpy(y2), cupy.asnumpy(y), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,axis", [((0, 5), -1), ((5, 0), -1), ((3, 0, 4), 1),
+                                        ((0,), 0)])
+def test_empty(shape, axis):
+    x = cupy.empty(shape, dtype=np.float32)
+    y = cunorm.softmax(x, axis=axis)
+    assert y.shape == shape and y.dtype == np.float32
+
+
+# --- out= and in place ------------------------------------------------------------------
+@pytest.mark.parametrize("path", [None] + ROW_PATHS)
+@pytest.mark.parametrize("cols", [24, 1000, 20000])
+def test_in_place(path, cols):
+    if path is not None and not can_force(path, cols, np.float32):
+        pytest.skip("path unavailable")
+    x, xh = random_input((33, cols), np.float32, seed=2)
+    ptr = x.data.ptr
+    with _dispatch.force_path(path):
+        y = cunorm.log_softmax(x, out=x)
+    assert y is x and x.data.ptr == ptr
+    assert rel_err(cupy.asnumpy(x), reference(xh, -1, True)) <= TOL["float32"]
+
+
+def test_in_place_strided_axis():
+    x, xh = random_input((4, 50, 40), np.float32, seed=4)
+    cunorm.softmax(x, axis=1, out=x)
+    ref = reference(xh, 1, False)
+    np.testing.assert_allclose(cupy.asnumpy(x), ref, rtol=1e-5, atol=1e-7)
+
+
+def test_out_non_contiguous_and_overlapping():
+    x, xh = random_input((16, 256), np.float32, seed=6)
+    big = cupy.zeros((16, 512), np.float32)
+    out = big[:, ::2]
+    cunorm.softmax(x, out=out)
+    np.testing.assert_allclose(cupy.asnumpy(out), reference(xh, -1, False), rtol=1e-5)
+    assert float(big[:, 1::2].sum()) == 0.0  # untouched between the strided elements
+    # out overlapping x with another layout: a temporary keeps the result right
+    buf, bufh = random_input((17, 256), np.float32, seed=8)
+    x2, out2 = buf[1:], buf[:-1]
+    expect = reference(bufh[1:], -1, False)
+    cunorm.softmax(x2, out=out2)
+    np.testing.assert_allclose(cupy.asnumpy(out2), expect, rtol=1e-5)
+
+
+def test_bad_out_is_untouched():
+    x, _ = random_input((8, 64), np.float32)
+    out = cupy.full((8, 64), 7.0, np.float32)
+    with pytest.raises(TypeError, match="out has dtype float16; expected float32"):
+        cunorm.softmax(x, out=out.astype(np.float16))
+    with pytest.raises(ValueError, match="out has shape"):
+        cunorm.softmax(x, out=out[:4])
+    with pytest.raises(TypeError, match="same kind"):
+        cunorm.softmax(x, out=np.empty((8, 64), np.float32))
+    with pytest.raises(TypeError, match="int32"):
+        cunorm.softmax(x.astype(np.int32), out=out)
+    assert float(out.min()) == 7.0 == float(out.max())
+    cunorm.softmax(x)  # the context is still usable
+    cupy.cuda.Device().synchronize()
+
+
+# --- accuracy against torch on the same inputs ------------------------------------------
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [32, 1000, 4096, 40000])
+def test_not_less_accurate_than_torch(op, dtype, cols):
+    torch = pytest.importorskip("torch")
+    x, xh = random_input((64, cols), dtype, seed=cols + 1, scale=5.0)
+    ref = reference(xh, -1, op == "log_softmax")
+    t = torch.from_dlpack(x)
+    tf = torch.log_softmax if op == "log_softmax" else torch.softmax
+    yt = cupy.asnumpy(cupy.from_dlpack(tf(t, -1).contiguous()))
+    ours = rel_err(cupy.asnumpy(OPS[op](x)), ref)
+    theirs = rel_err(yt, ref)
+    # equal up to rounding ties of the output type
+    assert ours <= theirs * 1.1 + 1e-15, f"cunorm {ours:.3g} vs torch {theirs:.3g}"
+
+
+# --- frameworks -------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_torch_round_trip(dtype):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(33, 777, device="cuda", dtype=getattr(torch, dtype)) * 3
+    y = cunorm.softmax(t, axis=-1)
+    assert isinstance(y, torch.Tensor) and y.device == t.device and y.dtype == t.dtype
+    torch.testing.assert_close(y.float(), torch.softmax(t.double(), -1).float(),
+                               atol=TOL[dtype] * 2, rtol=0)
+    # zero-copy both ways: the CuPy view shares t's memory, the result shares the CuPy buffer
+    assert cunorm._array.to_cupy(t, "torch", "softmax").data.ptr == t.data_ptr()
+    out = torch.empty_like(t)
+    r = cunorm.log_softmax(t, out=out)
+    assert r is out
+    torch.testing.assert_close(out.float(), torch.log_softmax(t.double(), -1).float(),
+                               atol=TOL[dtype] * 20, rtol=TOL[dtype] * 2)
+    ptr = t.data_ptr()
+    cunorm.softmax(t, out=t)  # in place on a torch tensor
+    assert t.data_ptr() == ptr
+    torch.testing.assert_close(t.float().sum(-1), torch.ones(33, device="cuda"),
+                               atol=TOL[dtype] * 800, rtol=0)
+
+
+def test_torch_stream_and_dtype():
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        t = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
+        y = cunorm.softmax(t, dtype=torch.float32)
+        ref = torch.softmax(t.float(), -1)
+    s.synchronize()
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-5)
+    tt = torch.randn(4, 8, 16, device="cuda").transpose(1, 2)  # non-contiguous view
+    torch.testing.assert_close(cunorm.softmax(tt, axis=1), torch.softmax(tt, 1),
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_jax_round_trip():
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend here")
+    xj = jax.device_put(jnp.asarray(_rng(1).standard_normal((16, 3000)), jnp.float32), gpu)
+    y = cunorm.softmax(xj)
+    assert isinstance(y, jax.Array)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(jax.nn.softmax(xj, -1)), atol=1e-6)
+    assert cunorm._array.to_cupy(xj, "jax", "softmax").data.ptr == xj.unsafe_buffer_pointer()
+    with pytest.raises(TypeError, match="immutable"):
+        cunorm.softmax(xj, out=xj)
+
+
+# --- 64-bit indexing --------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("rows,cols,path", [(2**22 + 3, 512, "warp"),
+                                            (2**16 + 1, 2**15, "smem"),
+                                            (2**16 + 1, 2**15, "cluster"),
+                                            (2**16 + 1, 2**15, "uncached"),
+                                            (2**15 + 1, 2**16, None)])
+def test_more_than_2_31_elements(rows, cols, path):
+    if path is not None and not can_force(path, cols, np.float16):
+        pytest.skip("path unavailable")
+    assert rows * cols > 2**31
+    x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(np.float16)
+    x *= 3
+    picks = [0, 1, rows - 2, rows - 1]
+    before = cupy.asnumpy(x[picks])
+    with _dispatch.force_path(path):
+        y = cunorm.softmax(x, out=x)  # in place: 2^31+ fp16 elements, one buffer
+    after = cupy.asnumpy(y[picks])
+    assert rel_err(after, reference(before, -1, False)) <= TOL["float16"]
+    del x, y
+    cupy.get_default_memory_pool().free_all_blocks()
