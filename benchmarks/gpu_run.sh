@@ -22,7 +22,7 @@ for step in $steps; do
           --section WarpStateStats -k regex:softmax python tools/profile.py kernels > "$OUT/ncu.txt" 2>&1
       grep -E "softmax_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Grid Size|Compute \(SM\) Throughput|Issue Slots Busy" "$OUT/ncu.txt" | cut -c1-150
       python tools/sass_summary.py 90 "cunorm::softmax_warp<cunorm::half_t, cunorm::half_t, false, 8, 32, 32, 1>" \
-        "cunorm::softmax_smem<cunorm::half_t, cunorm::half_t, false, 8>" \
+        "cunorm::softmax_smem<cunorm::half_t, cunorm::half_t, false, 8, 2>" \
         "cunorm::softmax_uncached<float, float, false, 4>" > "$OUT/sass-summary.txt" 2>&1; head -60 "$OUT/sass-summary.txt" ;;
     thresholds)
       python benchmarks/thresholds.py --out "$OUT" || status=1 ;;

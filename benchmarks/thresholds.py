@@ -11,6 +11,7 @@ Usage: ``python benchmarks/thresholds.py [--out DIR] [--quick]``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import pathlib
@@ -23,9 +24,39 @@ import cunorm
 from cunorm import _dispatch
 
 DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
-WARP_COLS = [256, 512, 768, 1024, 1280, 1536]
-BLOCK_COLS = [2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 262144]
-PATHS = ("warp", "smem", "cluster", "uncached")
+WARP_COLS = [32, 128, 256, 512, 768, 1024, 1536, 2048]
+BLOCK_COLS = [4096, 8192, 16384, 32768, 49152, 65536, 131072, 262144, 524288]
+# variant -> (forced path, dispatcher constants overridden while it runs)
+_PERSISTENT = {path: {"PERSISTENT": {**_dispatch.PERSISTENT, path: True}}
+               for path in ("warp", "block", "smem")}
+PATHS = {
+    "warp": ("warp", {}),
+    "warp-persistent": ("warp", _PERSISTENT["warp"]),
+    "block": ("block", {}),
+    "smem": ("smem", {}),
+    "smem-persistent": ("smem", _PERSISTENT["smem"]),
+    "cluster": ("cluster", {}),
+    "cluster-32k": ("cluster", {"SMEM_SLICE_MAX_BYTES": 32 * 1024}),
+    "uncached": ("uncached", {}),
+    "uncached-64k": ("uncached", {"UNCACHED_SLICE_MAX_BYTES": 64 * 1024}),
+    "uncached-1blk": ("uncached", {"UNCACHED_SLICE_MAX_BYTES": 1 << 40}),
+}
+
+
+@contextlib.contextmanager
+def overridden(consts: dict):
+    """Temporarily change dispatcher constants (and forget plans made under them)."""
+    plans = cunorm.softmax.__globals__["_PLANS"]
+    old = {k: getattr(_dispatch, k) for k in consts}
+    for k, v in consts.items():
+        setattr(_dispatch, k, v)
+    plans.clear()
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(_dispatch, k, v)
+        plans.clear()
 
 
 def bench_ms(fn) -> float:
@@ -57,14 +88,17 @@ def main() -> None:
             x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
             y = cupy.empty_like(x)
             gbs = {}
-            for path in PATHS:
+            for variant, (path, consts) in PATHS.items():
+                if (path == "warp" and cols > 1536) or (path == "block" and cols > 16384):
+                    gbs[variant] = None
+                    continue
                 try:
-                    with _dispatch.force_path(path):
+                    with overridden(consts), _dispatch.force_path(path):
                         cunorm.softmax(x, out=y)
                         ms = bench_ms(functools.partial(cunorm.softmax, x, out=y))
-                    gbs[path] = 2 * x.nbytes / ms / 1e6
+                    gbs[variant] = 2 * x.nbytes / ms / 1e6
                 except ValueError:
-                    gbs[path] = None
+                    gbs[variant] = None
             cunorm.softmax(x, out=y)
             picked = [k for k in cunorm.softmax.__globals__["_PLANS"]
                       if k[4] == rows and k[5] == cols and k[2] == dname and k[-1] is None]

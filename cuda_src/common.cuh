@@ -214,6 +214,12 @@ __device__ __forceinline__ void divmod_i64(i64 a, i64 b, double inv_b, i64* q, i
   *r = rr;
 }
 
+// Accumulator for a row sum of exponentials. A float32 output sums in double: the sum then
+// carries no rounding error worth counting and the result is as accurate as its exp and its
+// division allow (PyTorch sums in float). 16-bit outputs need no more than float.
+template <typename C, typename OUT> struct AccFor { typedef C type; };
+template <> struct AccFor<float, float> { typedef double type; };
+
 // ---------------------------------------------------------------------------------------
 // Packs: N consecutive elements moved as one vector access (16 bytes at most).
 template <typename T, int N> struct __align__(sizeof(T) * N) Pack { T v[N]; };
@@ -292,9 +298,11 @@ template <typename C, typename DST> struct DirectStore {
 // the sum of exponentials, exp(NaN - m) = NaN.
 template <typename C> struct MaxOp {
   static __device__ __forceinline__ C apply(C a, C b) { return Math<C>::max(a, b); }
+  static __device__ __forceinline__ C identity() { return -Math<C>::inf(); }
 };
 template <typename C> struct SumOp {
   static __device__ __forceinline__ C apply(C a, C b) { return a + b; }
+  static __device__ __forceinline__ C identity() { return C(0); }
 };
 
 template <typename C> __device__ __forceinline__ C shfl_xor(C v, int mask, int width) {
@@ -321,7 +329,7 @@ __device__ __forceinline__ C block_all_reduce(C v, C* scratch) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    C w = lane < nwarps ? scratch[lane] : scratch[0];
+    C w = lane < nwarps ? scratch[lane] : OP<C>::identity();
     w = group_all_reduce<OP, C, 32>(w);
     if (lane == 0) scratch[32] = w;
   }

@@ -14,8 +14,10 @@ template <typename C, typename OUT, bool LOG> struct SoftmaxOut {
   typedef ExpFor<C, OUT> E;
   C m, s, k;  // k: 1/s (softmax) or log(s) (log_softmax)
   SoftmaxOut() = default;
-  __device__ __forceinline__ SoftmaxOut(C m_, C s_) : m(m_), s(s_) {
-    k = LOG ? Math<C>::log(s_) : Math<C>::rcp(s_);
+  // s_ may be wider than C (a double sum for float32 output): log(s) is taken before rounding.
+  template <typename A>
+  __device__ __forceinline__ SoftmaxOut(C m_, A s_) : m(m_), s(static_cast<C>(s_)) {
+    k = LOG ? static_cast<C>(Math<A>::log(s_)) : Math<C>::rcp(s);
   }
   // From online statistics: +inf in the row must give NaN (NumPy: exp(inf - inf) in the sum).
   template <typename MS> static __device__ __forceinline__ SoftmaxOut from(const MS& st) {
@@ -40,38 +42,23 @@ constexpr int kUnrollValues = 16;
 // thread; packs past `cols` are padding (one compare per pack, cheaper than a second
 // instantiation of every configuration). The row stays in registers, so the classic two
 // reductions (max, then sum) cost shuffles only and each element is exponentiated once.
-// The raw packs of a group's next rows are fetched before the current rows are reduced, so
-// every warp keeps a row's bytes in flight through its shuffles and arithmetic.
 template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int COLS,
           int GROUP, int ROWS>
 __device__ __forceinline__ void softmax_warp_impl(const LOAD& load, const STORE& store, i64 rows,
                                                   i64 cols) {
   static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
   typedef ExpFor<C, OUT> E;
-  typedef Pack<typename LOAD::raw_t, PACK> RawPack;
+  typedef typename AccFor<C, OUT>::type A;
   constexpr int NPACK = COLS / PACK;
   constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
   const int lane = threadIdx.x % GROUP;
   const int group_in_warp = (threadIdx.x % 32) / GROUP;
   const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const i64 step = static_cast<i64>(gridDim.x) * blockDim.x / 32 * ROWS_PER_WARP;
-  RawPack raw[ROWS][NPACK];
   C buf[ROWS][COLS];
-  auto fetch = [&](i64 row0) {
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int p = 0; p < NPACK; ++p) {
-        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
-        if (row0 + r < rows && col < cols) raw[r][p] = load.template fetch<PACK>(row0 + r, col);
-      }
-    }
-  };
   // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
   // past the end are masked instead.
-  i64 base = warp * ROWS_PER_WARP;
-  if (base < rows) fetch(base + group_in_warp * ROWS);
-  for (; base < rows; base += step) {
+  for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
     const i64 row0 = base + group_in_warp * ROWS;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -79,15 +66,15 @@ __device__ __forceinline__ void softmax_warp_impl(const LOAD& load, const STORE&
       for (int p = 0; p < NPACK; ++p) {
         const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
         if (row0 + r < rows && col < cols) {
-          load.template convert<PACK>(raw[r][p], buf[r] + p * PACK, row0 + r, col);
+          load.template load<PACK>(buf[r] + p * PACK, row0 + r, col);
         } else {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = -Math<C>::inf();
         }
       }
     }
-    if (base + step < rows) fetch(row0 + step);
-    C m[ROWS], s[ROWS];
+    C m[ROWS];
+    A s[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       m[r] = buf[r][0];
@@ -98,14 +85,14 @@ __device__ __forceinline__ void softmax_warp_impl(const LOAD& load, const STORE&
     // A padded or all -inf row has m = -inf: exp(-inf - -inf) = NaN, the NumPy answer.
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      s[r] = C(0);
+      s[r] = A(0);
 #pragma unroll
       for (int i = 0; i < COLS; ++i) {
         const C e = E::exp(buf[r][i] - m[r]);
         if (!LOG) buf[r][i] = e;
         s[r] += e;
       }
-      s[r] = group_all_reduce<SumOp, C, GROUP>(s[r]);
+      s[r] = group_all_reduce<SumOp, A, GROUP>(s[r]);
     }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -119,6 +106,55 @@ __device__ __forceinline__ void softmax_warp_impl(const LOAD& load, const STORE&
         const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
         if (col < cols) store.template store<PACK>(buf[r] + p * PACK, row, col);
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Block-register path: the row lives in the registers of a whole block (COLS values per
+// thread, packs strided by blockDim.x), as the warp path keeps it in one warp's; the two
+// reductions go through shared memory. For rows too long for a warp and short enough that
+// each of up to 1024 threads holds a few dozen values: one read, one exp per element.
+template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int COLS>
+__device__ __forceinline__ void softmax_block_impl(const LOAD& load, const STORE& store, i64 rows,
+                                                   i64 cols) {
+  static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
+  typedef ExpFor<C, OUT> E;
+  typedef typename AccFor<C, OUT>::type A;
+  constexpr int NPACK = COLS / PACK;
+  __shared__ C scratch[33];
+  __shared__ A scratch_sum[33];
+  C buf[COLS];
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+#pragma unroll
+    for (int p = 0; p < NPACK; ++p) {
+      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
+      if (col < cols) {
+        load.template load<PACK>(buf + p * PACK, row, col);
+      } else {
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) buf[p * PACK + i] = -Math<C>::inf();
+      }
+    }
+    C m = buf[0];
+#pragma unroll
+    for (int i = 1; i < COLS; ++i) m = MaxOp<C>::apply(m, buf[i]);
+    m = block_all_reduce<MaxOp, C>(m, scratch);
+    A s = A(0);
+#pragma unroll
+    for (int i = 0; i < COLS; ++i) {
+      const C e = E::exp(buf[i] - m);
+      if (!LOG) buf[i] = e;
+      s += e;
+    }
+    s = block_all_reduce<SumOp, A>(s, scratch_sum);
+    const SoftmaxOut<C, OUT, LOG> fin(m, s);
+#pragma unroll
+    for (int i = 0; i < COLS; ++i) buf[i] = LOG ? fin(buf[i]) : fin.from_exp(buf[i]);
+#pragma unroll
+    for (int p = 0; p < NPACK; ++p) {
+      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
+      if (col < cols) store.template store<PACK>(buf + p * PACK, row, col);
     }
   }
 }
@@ -138,12 +174,15 @@ __device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE&
   typedef typename LOAD::raw_t R;
   typedef Pack<R, PACK> RawPack;
   typedef ExpFor<C, OUT> E;
+  typedef typename AccFor<C, OUT>::type A;
   // With float32/float64 input the exponentials overwrite the cached inputs in place and the
   // write pass only divides: one exp per element instead of two.
   constexpr bool KEEP_EXP = !LOG && IsSame<R, C>::value;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ C scratch[33];
-  __shared__ C slots[2];  // this block's partial max / sum, read by the cluster's peers
+  __shared__ A scratch_sum[33];
+  __shared__ C max_slot;  // this block's partial max / sum, read by the cluster's peers
+  __shared__ A sum_slot;
   const i64 npacks = cols / PACK;
   const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
   const unsigned rank = Cluster<CLUSTER>::rank();
@@ -178,8 +217,8 @@ __device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE&
       for (int i = 0; i < PACK; ++i) tmax = MaxOp<C>::apply(tmax, v[i]);
     }
     const C m = cluster_all_reduce<MaxOp, CLUSTER>(block_all_reduce<MaxOp, C>(tmax, scratch),
-                                                   &slots[0]);
-    C tsum = C(0);
+                                                   &max_slot);
+    A tsum = A(0);
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
       C v[PACK];
       load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
@@ -195,8 +234,8 @@ __device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE&
         cache[p - pack_begin] = e;
       }
     }
-    const C s = cluster_all_reduce<SumOp, CLUSTER>(block_all_reduce<SumOp, C>(tsum, scratch),
-                                                   &slots[1]);
+    const A s = cluster_all_reduce<SumOp, CLUSTER>(block_all_reduce<SumOp, A>(tsum, scratch_sum),
+                                                   &sum_slot);
     const SoftmaxOut<C, OUT, LOG> fin(m, s);
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
       C v[PACK];
@@ -221,24 +260,32 @@ __device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE&
 }
 
 // ---------------------------------------------------------------------------------------
-// Uncached path: one block per row for rows of any length; the row is read twice (the
-// second read mostly from L2), the statistics come from one online pass.
-template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK>
+// Uncached path: rows of any length, read twice: an online (max, sum) pass, then the write
+// pass, which finds the row in L2 as long as the rows in flight fit there. On sm_90 a cluster
+// of CLUSTER blocks shares a row (each streams its slice; the partial statistics meet through
+// distributed shared memory), so few rows are in flight and the second read hits L2.
+template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int CLUSTER>
 __device__ __forceinline__ void softmax_uncached_impl(const LOAD& load, const STORE& store,
                                                       i64 rows, i64 cols) {
   typedef MaxSum<C, ExpFor<C, OUT>> MS;
   constexpr int kUnroll = kUnrollValues / PACK;
   __shared__ MS scratch[33];
+  __shared__ C slot_m[2];  // this block's partial statistics, by row parity, for the peers
+  __shared__ C slot_s[2];
   const i64 npacks = cols / PACK;
+  const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
+  const i64 pack_begin = Cluster<CLUSTER>::rank() * packs_per_block;
+  const i64 pack_end = min(npacks, pack_begin + packs_per_block);
   const int step = blockDim.x;
-  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+  int parity = 0;
+  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += gridDim.x / CLUSTER, parity ^= 1) {
     MS st;
     st.init();
-    for (i64 p0 = threadIdx.x; p0 < npacks; p0 += kUnroll * step) {
+    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
       C v[kUnroll][PACK];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < npacks) {
+        if (p0 + u * step < pack_end) {
           load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
         } else {
 #pragma unroll
@@ -248,16 +295,33 @@ __device__ __forceinline__ void softmax_uncached_impl(const LOAD& load, const ST
       st.template add<kUnroll * PACK>(&v[0][0]);  // one rescale per chunk
     }
     st = block_all_reduce_maxsum(st, scratch);
+    if (CLUSTER > 1) {
+      // Slots alternate by row: a block rewrites one only after the next row's barrier, which
+      // every peer reaches after reading it.
+      if (threadIdx.x == 0) {
+        slot_m[parity] = st.m;
+        slot_s[parity] = st.s;
+      }
+      Cluster<CLUSTER>::sync();
+      st.init();
+#pragma unroll
+      for (unsigned peer = 0; peer < CLUSTER; ++peer) {
+        MS o;
+        o.m = Cluster<CLUSTER>::read_peer(&slot_m[parity], peer);
+        o.s = Cluster<CLUSTER>::read_peer(&slot_s[parity], peer);
+        st = MS::combine(st, o);
+      }
+    }
     const SoftmaxOut<C, OUT, LOG> fin = SoftmaxOut<C, OUT, LOG>::from(st);
-    for (i64 p0 = threadIdx.x; p0 < npacks; p0 += kUnroll * step) {
+    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
       C v[kUnroll][PACK];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < npacks) load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+        if (p0 + u * step < pack_end) load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < npacks) {
+        if (p0 + u * step < pack_end) {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) v[u][i] = fin(v[u][i]);
           store.template store<PACK>(v[u], row, (p0 + u * step) * PACK);
@@ -265,6 +329,7 @@ __device__ __forceinline__ void softmax_uncached_impl(const LOAD& load, const ST
       }
     }
   }
+  if (CLUSTER > 1) Cluster<CLUSTER>::sync();  // peers may still read this block's slots
 }
 
 // ---------------------------------------------------------------------------------------
@@ -381,6 +446,14 @@ __global__ void __launch_bounds__(128, 4) softmax_warp(const SRC* x, DST* y, i64
       DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
 }
 
+template <typename SRC, typename DST, bool LOG, int PACK, int COLS>
+__global__ void __launch_bounds__(512) softmax_block(const SRC* x, DST* y, i64 rows, i64 cols,
+                                                     i64 ldx, i64 ldy) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_block_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, COLS>(
+      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+}
+
 template <typename SRC, typename DST, bool LOG, int PACK, int STAGES>
 __global__ void __launch_bounds__(512, 1) softmax_smem(const SRC* x, DST* y, i64 rows, i64 cols,
                                                      i64 ldx, i64 ldy) {
@@ -390,11 +463,12 @@ __global__ void __launch_bounds__(512, 1) softmax_smem(const SRC* x, DST* y, i64
 }
 
 #ifdef CUNORM_SM90
-template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER, int STAGES>
+// One cluster per row (the dispatcher launches rows * CLUSTER blocks): nothing to prefetch.
+template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
     softmax_smem_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER, STAGES>(
+  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER, 1>(
       DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
 }
 #endif
@@ -403,9 +477,19 @@ template <typename SRC, typename DST, bool LOG, int PACK>
 __global__ void __launch_bounds__(512, 1) softmax_uncached(const SRC* x, DST* y, i64 rows, i64 cols,
                                                          i64 ldx, i64 ldy) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_uncached_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK>(
+  softmax_uncached_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, 1>(
       DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
 }
+
+#ifdef CUNORM_SM90
+template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
+    softmax_uncached_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_uncached_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER>(
+      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+}
+#endif
 
 template <typename SRC, typename DST, bool LOG, int PACK, bool CACHE>
 __global__ void __launch_bounds__(256, 4) softmax_strided(const SRC* x, DST* y, i64 outer, i64 dim,

@@ -39,7 +39,7 @@ CTYPE = {"float16": "cunorm::half_t", "bfloat16": "cunorm::bf16_t", "float32": "
          "float64": "double"}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
-ROW_PATHS = ("warp", "smem", "cluster", "uncached")
+ROW_PATHS = ("warp", "block", "smem", "cluster", "uncached")
 STRIDED_PATHS = ("strided-cached", "strided")
 
 #: (input, output) dtype pairs with kernels of their own; other ``dtype=`` requests are served
@@ -50,21 +50,36 @@ KERNEL_DTYPE_PAIRS = (("float16", "float16"), ("float16", "float32"), ("bfloat16
 # --- thresholds -------------------------------------------------------------------------
 # Largest cols handled by the warp path, by input item size. OneFlow stops at 1024 for every
 # type. Measured with benchmarks/thresholds.py (table in benchmarks/results/thresholds-*.md).
-WARP_MAX_COLS = {2: 1024, 4: 1024, 8: 512}
+WARP_MAX_COLS = {2: 1536, 4: 768, 8: 1024}
 # Row values (compute type) one thread may hold in registers, by compute-type size; the
 # warp kernel compiles without spills up to these (tests/test_nvcc.py checks -Xptxas -v).
-WARP_MAX_VALUES_PER_THREAD = {4: 32, 8: 16}
+WARP_MAX_VALUES_PER_THREAD = {4: 48, 8: 32}
 # Values per thread are rounded up to pack * k, k from this set, to bound the number of
 # instantiations (padding wastes registers, not memory traffic).
 WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
-WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128) in softmax.cu)
-# Block paths: a row (or, on sm_90, a cluster of blocks' slices of it) is cached in shared
-# memory. A slice larger than SMEM_SLICE_MAX_BYTES is split over a cluster (sm_90); a slice is
-# double-buffered (STAGES = 2: the next row streams in while this one is reduced) when two fit
-# in the opt-in shared memory. Rows beyond 8 slices of the opt-in limit are read twice
-# (uncached). Measured on H200: see thresholds-nvidia-h200-*.md and the notes at the end.
+WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128, 4) in softmax.cu)
+# Block-register path: largest cols by input item size, and the values per thread it aims at
+# (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
+BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
+BLOCK_TARGET_VALUES = 16
+BLOCK_MAX_VALUES = {4: 32, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
+# Block paths: a row is cached in shared memory by one block (smem) or, on sm_90, split over
+# a cluster of blocks exchanging partial results through distributed shared memory (cluster).
+# One block caches rows up to SMEM_MAX_COLS (by input item size); longer rows go to the
+# smallest cluster whose slices are at most SMEM_SLICE_MAX_BYTES; rows beyond 8 slices of the
+# opt-in limit are read twice (uncached). A single block double-buffers (the next row streams in
+# while this one is reduced) when two slices fit. Clusters get one row each: a persistent grid
+# sized by cuOccupancyMaxActiveClusters, double-buffered, measured 10-30% slower on H200 than
+# letting the hardware place one short-lived cluster per row.
+SMEM_MAX_COLS = {2: 49152, 4: 24576, 8: 12288}
 SMEM_SLICE_MAX_BYTES = 64 * 1024
 SMEM_MAX_STAGES = 2
+# Grid of the register and single-block paths: persistent (sm_count * resident blocks, each
+# looping over rows) or one block (warp path: one block of row groups) per row.
+PERSISTENT = {"warp": False, "block": False, "smem": False}
+# Uncached rows on sm_90 are split over the smallest cluster whose slices are at most this
+# many bytes, so the rows in flight (and their second read) stay in L2.
+UNCACHED_SLICE_MAX_BYTES = 128 * 1024
 # Strided path: the (dim, tile) slab is cached while this many blocks still fit on an SM.
 STRIDED_MIN_BLOCKS_PER_SM = 2
 CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
@@ -183,6 +198,17 @@ def warp_config(cols: int, pack: int, cbytes: int) -> tuple[int, int, int] | Non
     return k * pack, 32, 1
 
 
+def block_config(cols: int, pack: int, cbytes: int) -> tuple[int, int] | None:
+    """(threads, values per thread) for the block-register path, or None if the row does not
+    fit in 512 threads' registers."""
+    threads = min(512, max(128, _next_pow2(_cdiv(cols, BLOCK_TARGET_VALUES))))
+    need = _cdiv(_cdiv(cols, threads), pack)
+    k = next((k for k in WARP_PACKS_PER_THREAD if k >= need), None)
+    if k is None or k * pack > BLOCK_MAX_VALUES[cbytes]:
+        return None
+    return threads, k * pack
+
+
 def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: int,
               props: DeviceProps, occ: Occupancy, force: str | None = None) -> LaunchPlan:
     """Plan a row-wise launch (softmax family) over a (rows, cols) view.
@@ -203,7 +229,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
     occ : Occupancy
         Occupancy oracle.
     force : str, optional
-        Path to force (``"warp"``, ``"smem"``, ``"cluster"``, ``"uncached"``).
+        Path to force (one of ``ROW_PATHS``).
 
     Returns
     -------
@@ -236,14 +262,28 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         name = f"cunorm::softmax_warp<{head}, {pack}, {per_thread}, {group}, {rows_per_group}>"
         per_sm = max(1, occ(name, WARP_BLOCK, 0))
         rows_per_block = WARP_BLOCK // group * rows_per_group
-        grid = min(_cdiv(rows, rows_per_block), props.sm_count * per_sm)
+        grid = _grid("warp", _cdiv(rows, rows_per_block), props.sm_count * per_sm)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
+    if path == "block":
+        cfg = block_config(cols, pack, cbytes)
+        if cfg is None:
+            raise ValueError(f"path 'block' cannot hold cols={cols} in registers")
+        threads, per_thread = cfg
+        name = f"cunorm::softmax_block<{head}, {pack}, {per_thread}>"
+        per_sm = max(1, occ(name, threads, 0))
+        return LaunchPlan("block", name, _grid("block", rows, props.sm_count * per_sm), threads, 0)
     if path in ("smem", "cluster"):
         return _plan_smem(head, src, rows, cols, pack, props, occ, path == "cluster")
     if path == "uncached":
         name = f"cunorm::softmax_uncached<{head}, {pack}>"
         per_sm = max(1, occ(name, UNCACHED_BLOCK, 0))
-        return LaunchPlan("uncached", name, min(rows, props.sm_count * per_sm), UNCACHED_BLOCK, 0)
+        cluster = _uncached_cluster(cols * ITEMSIZE[src], props)
+        if cluster == 1:
+            return LaunchPlan("uncached", name, min(rows, props.sm_count * per_sm),
+                              UNCACHED_BLOCK, 0)
+        name = f"cunorm::softmax_uncached_cluster<{head}, {pack}, {cluster}>"
+        return LaunchPlan("uncached", name, min(rows, (2**31 - 1) // cluster) * cluster,
+                          UNCACHED_BLOCK, 0)
     raise ValueError(f"unknown row path {path!r}; expected one of {ROW_PATHS}")
 
 
@@ -261,24 +301,42 @@ def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
     for c in clusters:
         slice_bytes = _cdiv(cols // pack, c) * pack * itemsize
         if slice_bytes <= cap:
-            stages = SMEM_MAX_STAGES if SMEM_MAX_STAGES * slice_bytes <= cap else 1
+            # Only a persistent single block has a next row to prefetch.
+            prefetch = c == 1 and PERSISTENT["smem"]
+            stages = SMEM_MAX_STAGES if prefetch and SMEM_MAX_STAGES * slice_bytes <= cap else 1
             fitting.append((c, stages, stages * slice_bytes))
             if slice_bytes <= SMEM_SLICE_MAX_BYTES:
                 return fitting[-1]
     return fitting[-1] if fitting else None
 
 
-def _row_clusters(props: DeviceProps) -> tuple[int, ...]:
-    return (1, *CLUSTER_SIZES) if props.has_clusters else (1,)
-
-
 def _choose_row_path(src: str, cols: int, pack: int, cbytes: int, props: DeviceProps) -> str:
-    if cols <= WARP_MAX_COLS[ITEMSIZE[src]] and warp_config(cols, pack, cbytes) is not None:
+    isz = ITEMSIZE[src]
+    if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes) is not None:
         return "warp"
-    cfg = smem_config(cols, pack, ITEMSIZE[src], props, _row_clusters(props))
-    if cfg is None:
-        return "uncached"
-    return "smem" if cfg[0] == 1 else "cluster"
+    if cols <= BLOCK_MAX_COLS[isz] and block_config(cols, pack, cbytes) is not None:
+        return "block"
+    if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
+            cols, pack, isz, props, (1,)) is not None:
+        return "smem"
+    if props.has_clusters and smem_config(cols, pack, isz, props, CLUSTER_SIZES) is not None:
+        return "cluster"
+    return "uncached"
+
+
+def _uncached_cluster(row_bytes: int, props: DeviceProps) -> int:
+    """Blocks sharing one uncached row: 1, or on sm_90 the smallest cluster whose slices are at
+    most UNCACHED_SLICE_MAX_BYTES (8 at most)."""
+    if not props.has_clusters or row_bytes <= UNCACHED_SLICE_MAX_BYTES:
+        return 1
+    return next((c for c in CLUSTER_SIZES if _cdiv(row_bytes, c) <= UNCACHED_SLICE_MAX_BYTES),
+                CLUSTER_SIZES[-1])
+
+
+def _grid(path: str, work: int, resident: int) -> int:
+    """Blocks to launch for ``work`` independent units: all of them (the hardware schedules
+    them), or at most the ``resident`` ones that fit at once, looping over the rest."""
+    return min(work, resident) if PERSISTENT[path] else min(work, 2**31 - 1)
 
 
 def _plan_smem(head: str, src: str, rows: int, cols: int, pack: int, props: DeviceProps,
@@ -296,10 +354,10 @@ def _plan_smem(head: str, src: str, rows: int, cols: int, pack: int, props: Devi
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
     if cluster == 1:
-        return LaunchPlan("smem", base_name, min(rows, props.sm_count * per_sm), block, smem)
-    name = f"cunorm::softmax_smem_cluster<{head}, {pack}, {cluster}, {stages}>"
-    clusters = max(1, min(rows, props.sm_count * per_sm // cluster))
-    return LaunchPlan("cluster", name, clusters * cluster, block, smem)
+        return LaunchPlan("smem", base_name, _grid("smem", rows, props.sm_count * per_sm), block,
+                          smem)
+    name = f"cunorm::softmax_smem_cluster<{head}, {pack}, {cluster}>"
+    return LaunchPlan("cluster", name, min(rows, (2**31 - 1) // cluster) * cluster, block, smem)
 
 
 # --- strided (outer, dim, inner) --------------------------------------------------------
@@ -370,12 +428,19 @@ def all_kernel_names(arch: int) -> list[str]:
                     if cfg is not None:
                         names.add(f"cunorm::softmax_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
                                   f"{cfg[2]}>")
+                for cols in range(WARP_BLOCK, 512 * BLOCK_MAX_VALUES[cbytes] + 1, pack * 32):
+                    bcfg = block_config(cols, pack, cbytes)
+                    if bcfg is not None:
+                        names.add(f"cunorm::softmax_block<{head}, {pack}, {bcfg[1]}>")
                 for stages in range(1, SMEM_MAX_STAGES + 1):
                     names.add(f"cunorm::softmax_smem<{head}, {pack}, {stages}>")
-                    if arch >= 90:
-                        names.update(f"cunorm::softmax_smem_cluster<{head}, {pack}, {c}, {stages}>"
-                                     for c in CLUSTER_SIZES)
+                if arch >= 90:
+                    names.update(f"cunorm::softmax_smem_cluster<{head}, {pack}, {c}>"
+                                 for c in CLUSTER_SIZES)
                 names.add(f"cunorm::softmax_uncached<{head}, {pack}>")
+                if arch >= 90:
+                    names.update(f"cunorm::softmax_uncached_cluster<{head}, {pack}, {c}>"
+                                 for c in CLUSTER_SIZES)
                 for cache in ("true", "false"):
                     names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
     return sorted(names)

@@ -96,3 +96,4 @@ def occupancy(kernel, block: int, dynamic_smem: int) -> int:
             kernel.kernel.ptr, block, dynamic_smem
         )
     )
+

@@ -33,7 +33,7 @@ OPS = {"softmax": cunorm.softmax, "log_softmax": cunorm.log_softmax}
 BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511,
                  512, 513, 1000, 1023, 1024, 1025, 1535, 1536, 1537, 2047, 2048, 2049, 4095,
                  4097, 12288, 16385, 32767, 57344, 65537]
-ROW_PATHS = ["warp", "smem", "cluster", "uncached"]
+ROW_PATHS = list(_dispatch.ROW_PATHS)
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -64,18 +64,20 @@ def random_input(shape, dtype, seed=0, scale=3.0):
 
 
 def can_force(path: str, cols: int, dtype) -> bool:
-    name = np.dtype(dtype).name
-    cb = 8 if name == "float64" else 4
+    """Whether the dispatcher can put a row of ``cols`` elements of ``dtype`` on ``path``."""
+    isz = np.dtype(dtype).itemsize
+    cb = 8 if np.dtype(dtype).name == "float64" else 4
     props = cunorm._device.device_props(0)
+    pack = _dispatch.max_pack(cols, isz, 16)
     if path == "warp":
-        pack = _dispatch.max_pack(cols, np.dtype(dtype).itemsize, 16)
         return _dispatch.warp_config(cols, pack, cb) is not None
-    row_bytes = cols * np.dtype(dtype).itemsize
+    if path == "block":
+        return _dispatch.block_config(cols, pack, cb) is not None
     if path == "smem":
-        return row_bytes <= props.smem_per_block_optin - _dispatch.STATIC_SMEM_RESERVE
+        return _dispatch.smem_config(cols, pack, isz, props, (1,)) is not None
     if path == "cluster":
-        return props.has_clusters and row_bytes <= 8 * (
-            props.smem_per_block_optin - _dispatch.STATIC_SMEM_RESERVE)
+        return props.has_clusters and _dispatch.smem_config(
+            cols, pack, isz, props, _dispatch.CLUSTER_SIZES) is not None
     return True
 
 
@@ -331,7 +333,8 @@ def test_torch_round_trip(dtype):
     ptr = t.data_ptr()
     cunorm.softmax(t, out=t)  # in place on a torch tensor
     assert t.data_ptr() == ptr
-    torch.testing.assert_close(t.float().sum(-1), torch.ones(33, device="cuda"),
+    torch.testing.assert_close(t.double().sum(-1),
+                               torch.ones(33, device="cuda", dtype=torch.float64),
                                atol=TOL[dtype] * 800, rtol=0)
 
 
@@ -372,6 +375,7 @@ def test_jax_round_trip():
                                             (2**16 + 1, 2**15, "smem"),
                                             (2**16 + 1, 2**15, "cluster"),
                                             (2**16 + 1, 2**15, "uncached"),
+                                            (2**14 + 1, 2**17, "uncached"),
                                             (2**15 + 1, 2**16, None)])
 def test_more_than_2_31_elements(rows, cols, path):
     if path is not None and not can_force(path, cols, np.float16):
