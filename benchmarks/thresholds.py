@@ -27,18 +27,13 @@ DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.f
 WARP_COLS = [32, 128, 256, 512, 768, 1024, 1536, 2048]
 BLOCK_COLS = [4096, 8192, 16384, 32768, 49152, 65536, 131072, 262144, 524288]
 # variant -> (forced path, dispatcher constants overridden while it runs)
-_PERSISTENT = {path: {"PERSISTENT": {**_dispatch.PERSISTENT, path: True}}
-               for path in ("warp", "block", "smem")}
 PATHS = {
     "warp": ("warp", {}),
-    "warp-persistent": ("warp", _PERSISTENT["warp"]),
     "block": ("block", {}),
     "smem": ("smem", {}),
-    "smem-persistent": ("smem", _PERSISTENT["smem"]),
     "cluster": ("cluster", {}),
     "cluster-32k": ("cluster", {"SMEM_SLICE_MAX_BYTES": 32 * 1024}),
     "uncached": ("uncached", {}),
-    "uncached-64k": ("uncached", {"UNCACHED_SLICE_MAX_BYTES": 64 * 1024}),
     "uncached-1blk": ("uncached", {"UNCACHED_SLICE_MAX_BYTES": 1 << 40}),
 }
 

@@ -278,16 +278,48 @@ template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
+// Two floats to a 16-bit pair in one instruction (cvt.rn.{f16,bf16}x2.f32, sm_80+), as the
+// 32-bit word holding lo at the lower address.
+template <typename T> struct PairFromFloat { static constexpr bool ok = false; };
+template <> struct PairFromFloat<half_t> {
+  static constexpr bool ok = true;
+  static __device__ __forceinline__ unsigned cvt(float lo, float hi) {
+    unsigned w;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+    return w;
+  }
+};
+template <> struct PairFromFloat<bf16_t> {
+  static constexpr bool ok = true;
+  static __device__ __forceinline__ unsigned cvt(float lo, float hi) {
+    unsigned w;
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+#else
+    w = FromCompute<bf16_t>::cvt(lo).bits | (static_cast<unsigned>(FromCompute<bf16_t>::cvt(hi).bits) << 16);
+#endif
+    return w;
+  }
+};
+
 // STORE functor: writes N compute values to (row, col..col+N).
 template <typename C, typename DST> struct DirectStore {
   DST* dst;
   i64 ld;
   __device__ DirectStore(DST* d, i64 l) : dst(d), ld(l) {}
   template <int N> __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
-    Pack<DST, N> p;
+    if constexpr (PairFromFloat<DST>::ok && IsSame<C, float>::value && N % 2 == 0) {
+      // 16-bit output from float: convert two at a time and store the words.
+      Pack<unsigned, N / 2> w;
 #pragma unroll
-    for (int i = 0; i < N; ++i) p.v[i] = from_compute<DST>(src[i]);
-    store_pack<DST, N>(dst + row * ld + col, p);
+      for (int i = 0; i < N / 2; ++i) w.v[i] = PairFromFloat<DST>::cvt(src[2 * i], src[2 * i + 1]);
+      store_pack<unsigned, N / 2>(reinterpret_cast<unsigned*>(dst + row * ld + col), w);
+    } else {
+      Pack<DST, N> p;
+#pragma unroll
+      for (int i = 0; i < N; ++i) p.v[i] = from_compute<DST>(src[i]);
+      store_pack<DST, N>(dst + row * ld + col, p);
+    }
   }
 };
 

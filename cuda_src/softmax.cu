@@ -162,13 +162,12 @@ __device__ __forceinline__ void softmax_block_impl(const LOAD& load, const STORE
 // ---------------------------------------------------------------------------------------
 // Shared-memory path: a cluster of CLUSTER blocks per row (CLUSTER == 1: one block), each
 // caching its slice of the row in shared memory as raw input packs, moved there by cp.async
-// (no registers, every pack of the slice in flight at once). With STAGES == 2 the next row's
-// slice streams into a second buffer while this one is reduced and written, so one block per
-// SM keeps the memory system busy. Statistics in two passes (max, then the sum of exp(x - max))
-// as PyTorch does, so the float32 result is as accurate. Dynamic shared memory:
-// STAGES * ceil(cols / PACK / CLUSTER) * PACK * sizeof(raw_t).
-template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int CLUSTER,
-          int STAGES>
+// (no registers, every pack of the slice in flight at once). Statistics in two passes (max,
+// then the sum of exp(x - max)) as PyTorch does, so the float32 result is as accurate.
+// Dynamic shared memory: ceil(cols / PACK / CLUSTER) * PACK * sizeof(raw_t). Launched with one
+// block (cluster) per row: measured faster on H200 than a persistent grid double-buffering the
+// next row (benchmarks/results/thresholds-*.md).
+template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int CLUSTER>
 __device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE& store, i64 rows,
                                                   i64 cols) {
   typedef typename LOAD::raw_t R;
@@ -190,25 +189,14 @@ __device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE&
   const i64 pack_end = min(npacks, pack_begin + packs_per_block);
   const int step = blockDim.x;
   const i64 nclusters = gridDim.x / CLUSTER;
-  RawPack* const stage0 = reinterpret_cast<RawPack*>(smem_raw);
+  RawPack* const cache = reinterpret_cast<RawPack*>(smem_raw);
   // Each thread copies, reads and writes the same packs: its own cp.async wait makes them
   // visible to it, no block barrier is needed for the data.
-  auto issue = [&](i64 row, RawPack* dst) {
+  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters) {
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
-      copy_async<sizeof(RawPack)>(dst + (p - pack_begin), load.address(row, p * PACK));
+      copy_async<sizeof(RawPack)>(cache + (p - pack_begin), load.address(row, p * PACK));
     copy_async_commit();
-  };
-  i64 row = blockIdx.x / CLUSTER;
-  if (row < rows) issue(row, stage0);
-  for (int it = 0; row < rows; row += nclusters, ++it) {
-    RawPack* const cache = stage0 + (STAGES == 2 ? (it & 1) * packs_per_block : 0);
-    if (STAGES == 2) {
-      if (row + nclusters < rows) issue(row + nclusters, stage0 + ((it & 1) ^ 1) * packs_per_block);
-      else copy_async_commit();  // an empty group keeps the wait count below uniform
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
+    copy_async_wait<0>();
     C tmax = -Math<C>::inf();
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
       C v[PACK];
@@ -249,10 +237,6 @@ __device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE&
         for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
       }
       store.template store<PACK>(v, row, p * PACK);
-    }
-    if (STAGES == 1) {
-      __syncthreads();
-      if (row + nclusters < rows) issue(row + nclusters, stage0);
     }
   }
   // No block may leave while a peer can still read its `slots`.
@@ -334,12 +318,15 @@ __device__ __forceinline__ void softmax_uncached_impl(const LOAD& load, const ST
 
 // ---------------------------------------------------------------------------------------
 // Strided path for a non-last axis: x viewed as (outer, dim, inner) with strides
-// (ld_outer, ld_dim, 1). A block of TX * TY threads owns TX * PACK consecutive inner
-// positions of one outer index; thread (tx, ty) reduces dim indices ty, ty + TY, ... for its
-// pack, the TY partial states meet in shared memory. CACHE keeps the (dim, TX * PACK) tile in
-// dynamic shared memory (one read of x); otherwise x is read twice.
-// Dynamic shared memory: TY * TX * PACK * sizeof(MaxSum) [+ dim * TX * PACK * sizeof(SRC)].
-template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE>
+// (ld_outer, ld_dim, 1). A tile is TX * PACK consecutive inner positions of one outer index
+// over the whole of dim; a block of TX * TY threads (a cluster of CLUSTER blocks on sm_90,
+// each owning a slice of dim) reduces it: thread (tx, ty) walks dim indices ty, ty + TY, ...
+// for its pack, the TY partial states meet in shared memory, a cluster's blocks exchange theirs
+// through distributed shared memory. CACHE keeps the block's (dim slice, TX * PACK) slab in
+// dynamic shared memory (x read once); otherwise x is read twice.
+// Dynamic shared memory: (TY + 1) * TX * PACK * sizeof(MaxSum) [+ ceil(dim / CLUSTER) * TX *
+// PACK * sizeof(SRC)].
+template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE, int CLUSTER>
 __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 outer, i64 dim,
                                                      i64 inner, i64 ldx_outer, i64 ldx_dim,
                                                      i64 ldy_outer, i64 ldy_dim, int tx_count) {
@@ -349,35 +336,38 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
   const int ty = threadIdx.x / tx_count;
   const int width = tx_count * PACK;
   typedef MaxSum<C, ExpFor<C, DST>> MS;
-  MS* part = reinterpret_cast<MS*>(smem_raw);  // [TY][width]
-  SRC* cache = reinterpret_cast<SRC*>(part + static_cast<i64>(ty_count) * width);
+  MS* part = reinterpret_cast<MS*>(smem_raw);  // [TY][width], then the final row [width]
+  MS* final_row = part + static_cast<i64>(ty_count) * width;
+  SRC* cache = reinterpret_cast<SRC*>(final_row + width);
+  const i64 dim_per_block = (dim + CLUSTER - 1) / CLUSTER;
+  const i64 d_begin = Cluster<CLUSTER>::rank() * dim_per_block;
+  const i64 d_end = min(dim, d_begin + dim_per_block);
   const i64 tiles_per_outer = (inner + width - 1) >> (__ffs(width) - 1);  // width: a power of 2
   const i64 ntiles = outer * tiles_per_outer;
   const double inv_tiles = rcp_f64(static_cast<double>(tiles_per_outer));
-  for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+  for (i64 tile = blockIdx.x / CLUSTER; tile < ntiles; tile += gridDim.x / CLUSTER) {
     i64 o, t;
     divmod_i64(tile, tiles_per_outer, inv_tiles, &o, &t);
     const i64 i0 = t * width + static_cast<i64>(tx) * PACK;
     const bool active = i0 < inner;  // PACK divides inner, so a pack is all in or all out
     const SRC* xo = x + o * ldx_outer + i0;
+    SRC* slab = cache + tx * PACK - d_begin * width;  // slab[d * width] for d in this block's slice
     MS st[PACK];
 #pragma unroll
     for (int j = 0; j < PACK; ++j) st[j].init();
     if (active && CACHE) {
       // Cached: max while loading into shared memory, then the sum from shared memory (each
       // thread reads back only what it wrote: no barrier needed).
-#pragma unroll
-      for (int j = 0; j < PACK; ++j) st[j].m = -Math<C>::inf();
 #pragma unroll 4
-      for (i64 d = ty; d < dim; d += ty_count) {
+      for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
         const Pack<SRC, PACK> p = load_pack<SRC, PACK>(xo + d * ldx_dim);
-        store_pack<SRC, PACK>(cache + d * width + tx * PACK, p);
+        store_pack<SRC, PACK>(slab + d * width, p);
 #pragma unroll
         for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, to_compute<C>(p.v[j]));
       }
 #pragma unroll 4
-      for (i64 d = ty; d < dim; d += ty_count) {
-        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(cache + d * width + tx * PACK);
+      for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
+        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(slab + d * width);
 #pragma unroll
         for (int j = 0; j < PACK; ++j) st[j].s += MS::term(to_compute<C>(p.v[j]), st[j].m);
       }
@@ -385,12 +375,12 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       // Uncached: online statistics over chunks of U dim rows, so loads overlap and each
       // chunk rescales once.
       constexpr int U = kUnrollValues * 4 / (PACK * static_cast<int>(sizeof(C)));
-      for (i64 d0 = ty; d0 < dim; d0 += U * ty_count) {
+      for (i64 d0 = d_begin + ty; d0 < d_end; d0 += U * ty_count) {
         C v[PACK][U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const i64 d = d0 + u * ty_count;
-          if (d < dim) {
+          if (d < d_end) {
             const Pack<SRC, PACK> p = load_pack<SRC, PACK>(xo + d * ldx_dim);
 #pragma unroll
             for (int j = 0; j < PACK; ++j) v[j][u] = to_compute<C>(p.v[j]);
@@ -417,14 +407,36 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       }
       __syncthreads();
     }
+    if (CLUSTER > 1) {
+      // Combine the cluster's blocks: row 0 of every block's `part` holds its slice's states.
+      Cluster<CLUSTER>::sync();
+      if (ty == 0) {
+#pragma unroll
+        for (int j = 0; j < PACK; ++j) {
+          const int col = tx * PACK + j;
+          MS all;
+          all.init();
+#pragma unroll
+          for (unsigned peer = 0; peer < CLUSTER; ++peer) {
+            MS o;
+            o.m = Cluster<CLUSTER>::read_peer(&part[col].m, peer);
+            o.s = Cluster<CLUSTER>::read_peer(&part[col].s, peer);
+            all = MS::combine(all, o);
+          }
+          final_row[col] = all;
+        }
+      }
+      __syncthreads();
+    }
+    const MS* fin_states = CLUSTER > 1 ? final_row : part;
     SoftmaxOut<C, DST, LOG> fin[PACK] = {};
 #pragma unroll
-    for (int j = 0; j < PACK; ++j) fin[j] = SoftmaxOut<C, DST, LOG>::from(part[tx * PACK + j]);
+    for (int j = 0; j < PACK; ++j) fin[j] = SoftmaxOut<C, DST, LOG>::from(fin_states[tx * PACK + j]);
     if (active) {
       DST* yo = y + o * ldy_outer + i0;
 #pragma unroll 4
-      for (i64 d = ty; d < dim; d += ty_count) {
-        const Pack<SRC, PACK> p = CACHE ? load_pack<SRC, PACK>(cache + d * width + tx * PACK)
+      for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
+        const Pack<SRC, PACK> p = CACHE ? load_pack<SRC, PACK>(slab + d * width)
                                         : load_pack<SRC, PACK>(xo + d * ldx_dim);
         Pack<DST, PACK> q;
 #pragma unroll
@@ -432,7 +444,9 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
         store_pack<DST, PACK>(yo + d * ldy_dim, q);
       }
     }
-    __syncthreads();  // `part` and `cache` are reused by the next tile
+    // `part` and the slab are reused by the next tile; a cluster's peers may still be reading
+    // this block's `part`.
+    Cluster<CLUSTER>::sync();
   }
 }
 
@@ -454,21 +468,20 @@ __global__ void __launch_bounds__(512) softmax_block(const SRC* x, DST* y, i64 r
       DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
 }
 
-template <typename SRC, typename DST, bool LOG, int PACK, int STAGES>
+template <typename SRC, typename DST, bool LOG, int PACK>
 __global__ void __launch_bounds__(512, 1) softmax_smem(const SRC* x, DST* y, i64 rows, i64 cols,
                                                      i64 ldx, i64 ldy) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, 1, STAGES>(
+  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, 1>(
       DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
 }
 
 #ifdef CUNORM_SM90
-// One cluster per row (the dispatcher launches rows * CLUSTER blocks): nothing to prefetch.
 template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
     softmax_smem_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER, 1>(
+  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER>(
       DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
 }
 #endif
@@ -496,8 +509,19 @@ __global__ void __launch_bounds__(256, 4) softmax_strided(const SRC* x, DST* y, 
                                                         i64 inner, i64 ldx_outer, i64 ldx_dim,
                                                         i64 ldy_outer, i64 ldy_dim, int tx_count) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE>(x, y, outer, dim, inner, ldx_outer,
-                                                           ldx_dim, ldy_outer, ldy_dim, tx_count);
+  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE, 1>(x, y, outer, dim, inner, ldx_outer,
+                                                        ldx_dim, ldy_outer, ldy_dim, tx_count);
 }
+
+#ifdef CUNORM_SM90
+template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, 2)
+    softmax_strided_cluster(const SRC* x, DST* y, i64 outer, i64 dim, i64 inner, i64 ldx_outer,
+                            i64 ldx_dim, i64 ldy_outer, i64 ldy_dim, int tx_count) {
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
+  softmax_strided_impl<SRC, DST, C, LOG, PACK, true, CLUSTER>(x, y, outer, dim, inner, ldx_outer,
+                                                             ldx_dim, ldy_outer, ldy_dim, tx_count);
+}
+#endif
 
 }  // namespace cunorm

@@ -62,30 +62,34 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
 BLOCK_TARGET_VALUES = 16
+BLOCK_THREADS = (128, 256, 512)
 BLOCK_MAX_VALUES = {4: 32, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
 # Block paths: a row is cached in shared memory by one block (smem) or, on sm_90, split over
 # a cluster of blocks exchanging partial results through distributed shared memory (cluster).
 # One block caches rows up to SMEM_MAX_COLS (by input item size); longer rows go to the
-# smallest cluster whose slices are at most SMEM_SLICE_MAX_BYTES; rows beyond 8 slices of the
-# opt-in limit are read twice (uncached). A single block double-buffers (the next row streams in
-# while this one is reduced) when two slices fit. Clusters get one row each: a persistent grid
-# sized by cuOccupancyMaxActiveClusters, double-buffered, measured 10-30% slower on H200 than
-# letting the hardware place one short-lived cluster per row.
+# smallest cluster whose slices are at most SMEM_SLICE_MAX_BYTES, and rows longer than 8 such
+# slices are read twice (uncached: on H200 a cluster of 8 with 128 KB slices ran fp32 262144
+# at 2350 GB/s, uncached at 2680).
 SMEM_MAX_COLS = {2: 49152, 4: 24576, 8: 12288}
 SMEM_SLICE_MAX_BYTES = 64 * 1024
-SMEM_MAX_STAGES = 2
-# Grid of the register and single-block paths: persistent (sm_count * resident blocks, each
-# looping over rows) or one block (warp path: one block of row groups) per row.
-PERSISTENT = {"warp": False, "block": False, "smem": False}
+# Every path launches one block (warp path: one block of row groups; clusters: one cluster)
+# per row and lets the hardware schedule them. On H200 this beat persistent grids (resident
+# blocks looping over rows) on every path: warp fp16 1024 cols 3736 vs 3593 GB/s, smem fp16 8192
+# 3859 vs 3432 even with the next row double-buffered by cp.async, clusters of 4 by 10-30%.
 # Uncached rows on sm_90 are split over the smallest cluster whose slices are at most this
 # many bytes, so the rows in flight (and their second read) stay in L2.
 UNCACHED_SLICE_MAX_BYTES = 128 * 1024
-# Strided path: the (dim, tile) slab is cached while this many blocks still fit on an SM.
-STRIDED_MIN_BLOCKS_PER_SM = 2
+# Strided path (non-last axis): tiles at least this wide per dim row (whole 32-byte sectors,
+# full 128-byte lines where inner allows), threads walking about this many dim rows each, and
+# the largest (dim slice, tile) slab one block caches before a cluster splits dim.
+STRIDED_MIN_TILE_BYTES = 128
+STRIDED_ROWS_PER_THREAD = 4
+STRIDED_SLICE_MAX_BYTES = 64 * 1024
 CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
 BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
 UNCACHED_BLOCK = 512  # = __launch_bounds__ of softmax_uncached
 STRIDED_BLOCK = 256  # = __launch_bounds__ of softmax_strided
+MAX_GRID = 2**31 - 1  # gridDim.x limit; kernels loop over rows beyond it
 # Static shared memory of the smem kernels (MaxSum scratch), reserved out of the opt-in limit.
 STATIC_SMEM_RESERVE = 1024
 
@@ -200,13 +204,21 @@ def warp_config(cols: int, pack: int, cbytes: int) -> tuple[int, int, int] | Non
 
 def block_config(cols: int, pack: int, cbytes: int) -> tuple[int, int] | None:
     """(threads, values per thread) for the block-register path, or None if the row does not
-    fit in 512 threads' registers."""
-    threads = min(512, max(128, _next_pow2(_cdiv(cols, BLOCK_TARGET_VALUES))))
-    need = _cdiv(_cdiv(cols, threads), pack)
-    k = next((k for k in WARP_PACKS_PER_THREAD if k >= need), None)
-    if k is None or k * pack > BLOCK_MAX_VALUES[cbytes]:
-        return None
-    return threads, k * pack
+    fit in 512 threads' registers. Least padding first (idle lanes cost bandwidth: cols=3000
+    fp16 on 256 threads x 16 values ran at 80% of copy), then values per thread nearest
+    BLOCK_TARGET_VALUES."""
+    best = None
+    for threads in BLOCK_THREADS:
+        need = _cdiv(_cdiv(cols, threads), pack)
+        k = next((k for k in WARP_PACKS_PER_THREAD if k >= need), None)
+        if k is None or k * pack > BLOCK_MAX_VALUES[cbytes]:
+            continue
+        waste = threads * k * pack - cols
+        key = (waste > cols // 8, waste if waste > cols // 8 else 0,
+               abs(k * pack - BLOCK_TARGET_VALUES))
+        if best is None or key < best[0]:
+            best = (key, threads, k * pack)
+    return None if best is None else (best[1], best[2])
 
 
 def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: int,
@@ -262,7 +274,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         name = f"cunorm::softmax_warp<{head}, {pack}, {per_thread}, {group}, {rows_per_group}>"
         per_sm = max(1, occ(name, WARP_BLOCK, 0))
         rows_per_block = WARP_BLOCK // group * rows_per_group
-        grid = _grid("warp", _cdiv(rows, rows_per_block), props.sm_count * per_sm)
+        grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
     if path == "block":
         cfg = block_config(cols, pack, cbytes)
@@ -271,7 +283,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         threads, per_thread = cfg
         name = f"cunorm::softmax_block<{head}, {pack}, {per_thread}>"
         per_sm = max(1, occ(name, threads, 0))
-        return LaunchPlan("block", name, _grid("block", rows, props.sm_count * per_sm), threads, 0)
+        return LaunchPlan("block", name, min(rows, MAX_GRID), threads, 0)
     if path in ("smem", "cluster"):
         return _plan_smem(head, src, rows, cols, pack, props, occ, path == "cluster")
     if path == "uncached":
@@ -282,7 +294,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
             return LaunchPlan("uncached", name, min(rows, props.sm_count * per_sm),
                               UNCACHED_BLOCK, 0)
         name = f"cunorm::softmax_uncached_cluster<{head}, {pack}, {cluster}>"
-        return LaunchPlan("uncached", name, min(rows, (2**31 - 1) // cluster) * cluster,
+        return LaunchPlan("uncached", name, min(rows, MAX_GRID // cluster) * cluster,
                           UNCACHED_BLOCK, 0)
     raise ValueError(f"unknown row path {path!r}; expected one of {ROW_PATHS}")
 
@@ -292,8 +304,8 @@ def _smem_capacity(props: DeviceProps) -> int:
 
 
 def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
-                clusters: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """(cluster size, stages, dynamic smem bytes) of the first cluster size in ``clusters``
+                clusters: tuple[int, ...]) -> tuple[int, int] | None:
+    """(cluster size, dynamic smem bytes per block) of the first cluster size in ``clusters``
     whose slice of the row fits, preferring slices up to SMEM_SLICE_MAX_BYTES; None if none
     fits in shared memory."""
     cap = _smem_capacity(props)
@@ -301,10 +313,7 @@ def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
     for c in clusters:
         slice_bytes = _cdiv(cols // pack, c) * pack * itemsize
         if slice_bytes <= cap:
-            # Only a persistent single block has a next row to prefetch.
-            prefetch = c == 1 and PERSISTENT["smem"]
-            stages = SMEM_MAX_STAGES if prefetch and SMEM_MAX_STAGES * slice_bytes <= cap else 1
-            fitting.append((c, stages, stages * slice_bytes))
+            fitting.append((c, slice_bytes))
             if slice_bytes <= SMEM_SLICE_MAX_BYTES:
                 return fitting[-1]
     return fitting[-1] if fitting else None
@@ -319,9 +328,10 @@ def _choose_row_path(src: str, cols: int, pack: int, cbytes: int, props: DeviceP
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:
         return "smem"
-    if props.has_clusters and smem_config(cols, pack, isz, props, CLUSTER_SIZES) is not None:
+    cfg = smem_config(cols, pack, isz, props, CLUSTER_SIZES) if props.has_clusters else None
+    if cfg is not None and cfg[1] <= SMEM_SLICE_MAX_BYTES:
         return "cluster"
-    return "uncached"
+    return "uncached"  # a cluster of 8 with larger slices measured slower than reading twice
 
 
 def _uncached_cluster(row_bytes: int, props: DeviceProps) -> int:
@@ -333,12 +343,6 @@ def _uncached_cluster(row_bytes: int, props: DeviceProps) -> int:
                 CLUSTER_SIZES[-1])
 
 
-def _grid(path: str, work: int, resident: int) -> int:
-    """Blocks to launch for ``work`` independent units: all of them (the hardware schedules
-    them), or at most the ``resident`` ones that fit at once, looping over the rest."""
-    return min(work, resident) if PERSISTENT[path] else min(work, 2**31 - 1)
-
-
 def _plan_smem(head: str, src: str, rows: int, cols: int, pack: int, props: DeviceProps,
                occ: Occupancy, want_cluster: bool) -> LaunchPlan:
     if want_cluster and not props.has_clusters:
@@ -347,17 +351,16 @@ def _plan_smem(head: str, src: str, rows: int, cols: int, pack: int, props: Devi
     if cfg is None:
         path = "cluster" if want_cluster else "smem"
         raise ValueError(f"path {path!r} cannot cache cols={cols} of {src} in shared memory")
-    cluster, stages, smem = cfg
+    cluster, smem = cfg
     # Occupancy is asked of the cluster-free kernel: same registers and shared memory per block.
-    base_name = f"cunorm::softmax_smem<{head}, {pack}, {stages}>"
+    base_name = f"cunorm::softmax_smem<{head}, {pack}>"
     block, per_sm = pick_block(base_name, smem, occ)
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
     if cluster == 1:
-        return LaunchPlan("smem", base_name, _grid("smem", rows, props.sm_count * per_sm), block,
-                          smem)
+        return LaunchPlan("smem", base_name, min(rows, MAX_GRID), block, smem)
     name = f"cunorm::softmax_smem_cluster<{head}, {pack}, {cluster}>"
-    return LaunchPlan("cluster", name, min(rows, (2**31 - 1) // cluster) * cluster, block, smem)
+    return LaunchPlan("cluster", name, min(rows, MAX_GRID // cluster) * cluster, block, smem)
 
 
 # --- strided (outer, dim, inner) --------------------------------------------------------
@@ -366,9 +369,12 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
                  force: str | None = None) -> LaunchPlan:
     """Plan a softmax over the middle axis of an (outer, dim, inner) view, inner > 1.
 
-    A block of ``STRIDED_BLOCK`` threads owns ``tx_count * pack`` consecutive inner positions.
-    The widest tile whose (dim, tile) slab fits in shared memory with ``STRIDED_MIN_BLOCKS_PER_SM``
-    blocks per SM is cached (x read once); otherwise x is read twice.
+    A tile is ``tx_count * pack`` consecutive inner positions (at least
+    STRIDED_MIN_TILE_BYTES per dim row where inner allows, wider when dim is short so each
+    thread still walks about STRIDED_ROWS_PER_THREAD rows) over the whole of dim. The tile's
+    (dim, width) slab is cached in shared memory by one block, or on sm_90 by a cluster of
+    blocks each caching a slice of dim, while a slice fits in STRIDED_SLICE_MAX_BYTES;
+    otherwise x is read twice.
 
     Examples
     --------
@@ -379,35 +385,38 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     >>> p.path, p.tx_count
     ('strided-cached', 32)
     """
-    isz = max(ITEMSIZE[src], ITEMSIZE[dst])
-    pack = max_pack(inner, isz, align_elems)
-    # Source-typed packs go to shared memory; with a wider output the pack is bounded by it.
+    isz = ITEMSIZE[src]
+    pack = max_pack(inner, max(isz, ITEMSIZE[dst]), align_elems)
     cbytes = compute_bytes(src, dst)
     log = "true" if op == "log_softmax" else "false"
-    part_bytes = STRIDED_BLOCK * pack * 2 * cbytes  # one MaxSum per thread and pack element
-    budget = props.smem_per_sm // STRIDED_MIN_BLOCKS_PER_SM - STATIC_SMEM_RESERVE
-    tx = min(32, _next_pow2(_cdiv(inner, pack)))
-    cached_tx = tx
-    while cached_tx > 1 and part_bytes + dim * cached_tx * pack * ITEMSIZE[src] > budget:
-        cached_tx //= 2
-    fits = part_bytes + dim * cached_tx * pack * ITEMSIZE[src] <= budget
-    path = force or ("strided-cached" if fits else "strided")
+    head = f"{CTYPE[src]}, {CTYPE[dst]}, {log}"
+    max_tx = min(32, _next_pow2(_cdiv(inner, pack)))
+    tx_min = min(max_tx, max(1, STRIDED_MIN_TILE_BYTES // (pack * isz)))
+    tx_want = STRIDED_BLOCK // min(STRIDED_BLOCK, _next_pow2(_cdiv(dim, STRIDED_ROWS_PER_THREAD)))
+    tx = min(max_tx, max(tx_min, tx_want))
+    width = tx * pack
+    part_bytes = (STRIDED_BLOCK // tx + 1) * width * 2 * cbytes  # MaxSum per (ty, column) + final
+    clusters = (1, *CLUSTER_SIZES) if props.has_clusters else (1,)
+    cluster = next((c for c in clusters
+                    if _cdiv(dim, c) * width * isz <= STRIDED_SLICE_MAX_BYTES), None)
+    path = force or ("strided-cached" if cluster is not None else "strided")
     if path == "strided-cached":
-        if not fits:
+        if cluster is None:
             raise ValueError(f"path 'strided-cached' cannot cache dim={dim} in shared memory")
-        tx, cache = cached_tx, True
+        smem = part_bytes + _cdiv(dim, cluster) * width * isz
+        name = (f"cunorm::softmax_strided<{head}, {pack}, true>" if cluster == 1 else
+                f"cunorm::softmax_strided_cluster<{head}, {pack}, {cluster}>")
     elif path == "strided":
-        cache = False
+        cluster, smem = 1, part_bytes
+        name = f"cunorm::softmax_strided<{head}, {pack}, false>"
     else:
         raise ValueError(f"unknown strided path {path!r}; expected one of {STRIDED_PATHS}")
-    smem = part_bytes + (dim * tx * pack * ITEMSIZE[src] if cache else 0)
-    name = (f"cunorm::softmax_strided<{CTYPE[src]}, {CTYPE[dst]}, {log}, {pack}, "
-            f"{str(cache).lower()}>")
-    per_sm = occ(name, STRIDED_BLOCK, smem)
-    if per_sm <= 0:
+    base = f"cunorm::softmax_strided<{head}, {pack}, {'false' if path == 'strided' else 'true'}>"
+    if occ(base, STRIDED_BLOCK, smem) <= 0:
         raise ValueError(f"path {path!r} does not fit: {smem} bytes of shared memory per block")
-    tiles = outer * _cdiv(inner, tx * pack)
-    return LaunchPlan(path, name, min(tiles, props.sm_count * per_sm), STRIDED_BLOCK, smem, tx)
+    tiles = outer * _cdiv(inner, width)
+    return LaunchPlan(path, name, min(tiles, MAX_GRID // cluster) * cluster, STRIDED_BLOCK,
+                      smem, tx)
 
 
 # --- every instantiation ----------------------------------------------------------------
@@ -432,8 +441,7 @@ def all_kernel_names(arch: int) -> list[str]:
                     bcfg = block_config(cols, pack, cbytes)
                     if bcfg is not None:
                         names.add(f"cunorm::softmax_block<{head}, {pack}, {bcfg[1]}>")
-                for stages in range(1, SMEM_MAX_STAGES + 1):
-                    names.add(f"cunorm::softmax_smem<{head}, {pack}, {stages}>")
+                names.add(f"cunorm::softmax_smem<{head}, {pack}>")
                 if arch >= 90:
                     names.update(f"cunorm::softmax_smem_cluster<{head}, {pack}, {c}>"
                                  for c in CLUSTER_SIZES)
@@ -443,4 +451,7 @@ def all_kernel_names(arch: int) -> list[str]:
                                  for c in CLUSTER_SIZES)
                 for cache in ("true", "false"):
                     names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
+                if arch >= 90:
+                    names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {c}>"
+                                 for c in CLUSTER_SIZES)
     return sorted(names)

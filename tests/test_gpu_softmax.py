@@ -165,7 +165,8 @@ def test_axes(op, dtype, shape, axis):
 
 @pytest.mark.parametrize("path", ["strided-cached", "strided"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("shape", [(3, 17, 33), (2, 64, 256), (5, 1000, 8), (1, 3, 4096)])
+@pytest.mark.parametrize("shape", [(3, 17, 33), (2, 64, 256), (5, 1000, 8), (1, 3, 4096),
+                                   (2, 4096, 256), (2, 20000, 64)])
 def test_strided_paths(path, dtype, shape):
     x, xh = random_input(shape, dtype, seed=11)
     ref = reference(xh, 1, False)

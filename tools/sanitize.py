@@ -38,7 +38,7 @@ def main() -> int:
                     if not np.allclose(yv, ref, atol=2e-2):
                         print(f"WRONG {fn.__name__} {path} {np.dtype(dt).name} {rows}x{cols}")
                         bad += 1
-        for shape in [(2, 9, 7), (3, 40, 64)]:
+        for shape in [(2, 9, 7), (3, 40, 64), (2, 4096, 64)]:
             x = cupy.asarray(rng.standard_normal(shape).astype(dt))
             for path in ("strided-cached", "strided"):
                 with _dispatch.force_path(path):
