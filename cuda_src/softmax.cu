@@ -356,12 +356,16 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 #pragma unroll
     for (int j = 0; j < PACK; ++j) st[j].init();
     if (active && CACHE) {
-      // Cached: max while loading into shared memory, then the sum from shared memory (each
-      // thread reads back only what it wrote: no barrier needed).
+      // Cached: the slice streams into shared memory by cp.async (every pack in flight at
+      // once), then the max and the sum come from shared memory. Each thread reads back only
+      // what it copied: its own wait suffices, no barrier.
+      for (i64 d = d_begin + ty; d < d_end; d += ty_count)
+        copy_async<sizeof(Pack<SRC, PACK>)>(slab + d * width, xo + d * ldx_dim);
+      copy_async_commit();
+      copy_async_wait<0>();
 #pragma unroll 4
       for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
-        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(xo + d * ldx_dim);
-        store_pack<SRC, PACK>(slab + d * width, p);
+        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(slab + d * width);
 #pragma unroll
         for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, to_compute<C>(p.v[j]));
       }

@@ -83,7 +83,8 @@ UNCACHED_SLICE_MAX_BYTES = 128 * 1024
 # full 128-byte lines where inner allows), threads walking about this many dim rows each, and
 # the largest (dim slice, tile) slab one block caches before a cluster splits dim.
 STRIDED_MIN_TILE_BYTES = 128
-STRIDED_ROWS_PER_THREAD = 4
+STRIDED_MAX_TX = 256
+STRIDED_ROWS_PER_THREAD = 16
 STRIDED_SLICE_MAX_BYTES = 64 * 1024
 CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
 BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
@@ -390,7 +391,7 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     cbytes = compute_bytes(src, dst)
     log = "true" if op == "log_softmax" else "false"
     head = f"{CTYPE[src]}, {CTYPE[dst]}, {log}"
-    max_tx = min(32, _next_pow2(_cdiv(inner, pack)))
+    max_tx = min(STRIDED_MAX_TX, _next_pow2(_cdiv(inner, pack)))
     tx_min = min(max_tx, max(1, STRIDED_MIN_TILE_BYTES // (pack * isz)))
     tx_want = STRIDED_BLOCK // min(STRIDED_BLOCK, _next_pow2(_cdiv(dim, STRIDED_ROWS_PER_THREAD)))
     tx = min(max_tx, max(tx_min, tx_want))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -54,5 +55,51 @@ def kernels() -> None:
     cupy.cuda.Device().synchronize()
 
 
+STRIDED_CASES = [("float32", (32, 21, 256, 256)), ("float16", (16, 4096, 1024))]
+# dispatcher constants tried for the strided path: name -> overrides
+STRIDED_VARIANTS = {
+    "default": {},
+    "tx32-rows4": {"STRIDED_MAX_TX": 32, "STRIDED_ROWS_PER_THREAD": 4},
+    "rows4": {"STRIDED_ROWS_PER_THREAD": 4},
+    "rows64": {"STRIDED_ROWS_PER_THREAD": 64},
+    "slice32k": {"STRIDED_SLICE_MAX_BYTES": 32 * 1024},
+    "uncached": {"STRIDED_SLICE_MAX_BYTES": 0},
+}
+
+
+def strided(launch_only: bool = False) -> None:
+    """GB/s of softmax over axis=1 for each STRIDED_VARIANTS setting (or one launch each)."""
+    from triton.testing import do_bench
+
+    from cunorm import _dispatch
+
+    plans = cunorm.softmax.__globals__["_PLANS"]
+    for dt, shape in STRIDED_CASES:
+        x = cupy.random.standard_normal(shape, dtype=np.float32).astype(dt)
+        y = cupy.empty_like(x)
+        for name, consts in STRIDED_VARIANTS.items():
+            old = {k: getattr(_dispatch, k) for k in consts}
+            for k, v in consts.items():
+                setattr(_dispatch, k, v)
+            plans.clear()
+            try:
+                cunorm.softmax(x, axis=1, out=y)
+                plan = next(iter(plans.values()))[0]
+                if launch_only:
+                    continue
+                ms = do_bench(functools.partial(cunorm.softmax, x, axis=1, out=y), warmup=10,
+                              rep=50, return_mode="median")
+                print(f"{dt} {shape} {name:14s} {2 * x.nbytes / ms / 1e6:7.0f} GB/s  "
+                      f"{plan.kernel[16:]} grid={plan.grid} tx={plan.tx_count} smem={plan.smem}")
+            except ValueError as err:
+                print(f"{dt} {shape} {name}: {err}")
+            finally:
+                for k, v in old.items():
+                    setattr(_dispatch, k, v)
+                plans.clear()
+    cupy.cuda.Device().synchronize()
+
+
 if __name__ == "__main__":
-    {"overhead": overhead, "kernels": kernels}[sys.argv[1]]()
+    {"overhead": overhead, "kernels": kernels, "strided": strided,
+     "strided-launch": lambda: strided(True)}[sys.argv[1]]()
