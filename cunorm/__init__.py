@@ -5,8 +5,9 @@ path; PyTorch and JAX GPU arrays are computed zero-copy through DLPack. Importin
 touches the GPU or compiles anything.
 """
 
+from ._config import show_config
 from .softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
 
-__all__ = ["softmax", "log_softmax", "__version__"]
+__all__ = ["softmax", "log_softmax", "show_config", "__version__"]

@@ -94,37 +94,33 @@ def resolve_dtype(dtype: object, fname: str) -> np.dtype:
 
 # --- axes -------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1024)
-def _normalize_axes_cached(axis: int | tuple, ndim: int, fname: str) -> tuple[int, ...]:
-    items = axis if isinstance(axis, tuple) else (axis,)
-    if not items:
-        raise ValueError(f"{fname}(): axis must name at least one axis, got ()")
+def _normalize_axes_cached(axes: tuple[int, ...], ndim: int, fname: str) -> tuple[int, ...]:
     out = []
-    for a in items:
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
-            raise TypeError(f"{fname}(): axis must be an int or a tuple of ints, got {axis!r}")
-        a = operator.index(a)
+    for a in axes:
         if not -ndim <= a < ndim:
             raise ValueError(f"{fname}(): axis {a} is out of range for an array with "
                              f"{ndim} dimension{'s' if ndim != 1 else ''}")
         out.append(a % ndim)
     if len(set(out)) != len(out):
-        raise ValueError(f"{fname}(): axis {axis!r} repeats an axis")
+        raise ValueError(f"{fname}(): axis {axes!r} repeats an axis")
     return tuple(sorted(out))
 
 
 def normalize_axes(axis: object, ndim: int, fname: str) -> tuple[int, ...]:
-    """Sorted non-negative axes; ``TypeError`` / ``ValueError`` naming ``axis`` otherwise."""
-    if isinstance(axis, list):
-        axis = tuple(axis)
+    """Sorted non-negative axes; ``TypeError`` / ``ValueError`` naming ``axis`` otherwise.
+
+    Types are checked before the memo: ``True`` and ``1.0`` hash like ``1`` and must not
+    share its cache entry.
+    """
     if ndim == 0:
         raise ValueError(f"{fname}(): x must have at least one dimension, got a 0-d array")
-    try:
-        return _normalize_axes_cached(axis, ndim, fname)
-    except TypeError as err:
-        if "unhashable" in str(err):
-            raise TypeError(f"{fname}(): axis must be an int or a tuple of ints, "
-                            f"got {axis!r}") from None
-        raise
+    items = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    if not items:
+        raise ValueError(f"{fname}(): axis must name at least one axis, got ()")
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"{fname}(): axis must be an int or a tuple of ints, got {axis!r}")
+    return _normalize_axes_cached(tuple(operator.index(a) for a in items), ndim, fname)
 
 
 # --- the (outer, dim, inner) view -------------------------------------------------------

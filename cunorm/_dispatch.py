@@ -63,7 +63,10 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
 BLOCK_TARGET_VALUES = 16
 BLOCK_THREADS = (128, 256, 512)
-BLOCK_MAX_VALUES = {4: 32, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
+BLOCK_MAX_VALUES = {4: 24, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
+# Packs per thread the block path may use (a coarser set than the warp path's: fewer
+# instantiations, and each one compiles without spills on sm_80 and sm_90).
+BLOCK_PACKS_PER_THREAD = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 # Block paths: a row is cached in shared memory by one block (smem) or, on sm_90, split over
 # a cluster of blocks exchanging partial results through distributed shared memory (cluster).
 # One block caches rows up to SMEM_MAX_COLS (by input item size); longer rows go to the
@@ -211,7 +214,7 @@ def block_config(cols: int, pack: int, cbytes: int) -> tuple[int, int] | None:
     best = None
     for threads in BLOCK_THREADS:
         need = _cdiv(_cdiv(cols, threads), pack)
-        k = next((k for k in WARP_PACKS_PER_THREAD if k >= need), None)
+        k = next((k for k in BLOCK_PACKS_PER_THREAD if k >= need), None)
         if k is None or k * pack > BLOCK_MAX_VALUES[cbytes]:
             continue
         waste = threads * k * pack - cols
@@ -252,7 +255,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
     --------
     >>> from cunorm._device import DeviceProps
     >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
-    >>> plan_rows("softmax", "float32", "float32", 4096, 1024, 4, h100,
+    >>> plan_rows("softmax", "float32", "float32", 4096, 512, 4, h100,
     ...           lambda k, b, s: 2048 // b).path
     'warp'
     """
@@ -384,8 +387,10 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     >>> p = plan_strided("softmax", "float32", "float32", 32, 21, 65536, 4, h100,
     ...                  lambda k, b, s: 2)
     >>> p.path, p.tx_count
-    ('strided-cached', 32)
+    ('strided-cached', 128)
     """
+    if (src, dst) not in KERNEL_DTYPE_PAIRS:
+        raise ValueError(f"no kernel for {src} -> {dst}; expected one of {KERNEL_DTYPE_PAIRS}")
     isz = ITEMSIZE[src]
     pack = max_pack(inner, max(isz, ITEMSIZE[dst]), align_elems)
     cbytes = compute_bytes(src, dst)
@@ -398,8 +403,8 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     width = tx * pack
     part_bytes = (STRIDED_BLOCK // tx + 1) * width * 2 * cbytes  # MaxSum per (ty, column) + final
     clusters = (1, *CLUSTER_SIZES) if props.has_clusters else (1,)
-    cluster = next((c for c in clusters
-                    if _cdiv(dim, c) * width * isz <= STRIDED_SLICE_MAX_BYTES), None)
+    slice_max = min(STRIDED_SLICE_MAX_BYTES, _smem_capacity(props) - part_bytes)
+    cluster = next((c for c in clusters if _cdiv(dim, c) * width * isz <= slice_max), None)
     path = force or ("strided-cached" if cluster is not None else "strided")
     if path == "strided-cached":
         if cluster is None:

@@ -115,11 +115,9 @@ class _Recipe:
 
 
 def _softmax_cupy(x, axis, dtype, out, log: bool, fname: str):
-    if out is None and dtype is None:
-        try:
-            recipe = _RECIPES.get((x.shape, x.strides, x.dtype, axis, log))
-        except TypeError:  # unhashable axis (a list): the slow path reports or converts it
-            recipe = None
+    # Only a plain int axis takes the memo: True or 1.0 would hash like 1 and skip the checks.
+    if out is None and dtype is None and type(axis) is int:
+        recipe = _RECIPES.get((x.shape, x.strides, x.dtype, axis, log))
         if recipe is not None:
             import cupy
 
@@ -188,11 +186,8 @@ def _softmax_cupy_checked(x, axis, dtype, out, log: bool, fname: str):
         vy = _array.view3(y.shape, _array.element_strides(y), *block)
 
     recipe = _Recipe(src, dst, dst_dt, vx, vy, log)
-    if out is None and dtype is None and not copied:
-        try:
-            _RECIPES[(x.shape, x.strides, x.dtype, axis, log)] = recipe
-        except TypeError:
-            pass  # unhashable axis: no memo
+    if out is None and dtype is None and not copied and type(axis) is int:
+        _RECIPES[(x.shape, x.strides, x.dtype, axis, log)] = recipe
     _launch(x, y, recipe)
     if out is not None and y is not out:
         out[...] = y

@@ -59,11 +59,10 @@ STRIDED_CASES = [("float32", (32, 21, 256, 256)), ("float16", (16, 4096, 1024))]
 # dispatcher constants tried for the strided path: name -> overrides
 STRIDED_VARIANTS = {
     "default": {},
-    "tx32-rows4": {"STRIDED_MAX_TX": 32, "STRIDED_ROWS_PER_THREAD": 4},
-    "rows4": {"STRIDED_ROWS_PER_THREAD": 4},
-    "rows64": {"STRIDED_ROWS_PER_THREAD": 64},
+    "rows8": {"STRIDED_ROWS_PER_THREAD": 8},
     "slice32k": {"STRIDED_SLICE_MAX_BYTES": 32 * 1024},
     "uncached": {"STRIDED_SLICE_MAX_BYTES": 0},
+    "cached-slice96k": {"STRIDED_SLICE_MAX_BYTES": 96 * 1024},
 }
 
 

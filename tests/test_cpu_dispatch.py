@@ -1,0 +1,875 @@
+"""The pure dispatcher (:mod:`cunorm._dispatch`) on fake devices with a fake occupancy oracle.
+
+Every branch of ``plan_rows`` / ``plan_strided`` is exercised: warp (tiny rows and full warps),
+the warp limit, block shared memory, clusters (sm_90), uncached rows, pack selection, forced
+paths, and the guarantee that :func:`all_kernel_names` lists every kernel the planners emit
+(what precompile and ``tests/test_nvcc.py`` rely on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from cunorm import _dispatch as d
+from cunorm._device import DeviceProps
+
+H100 = DeviceProps("fake H100", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
+A100 = DeviceProps("fake A100", (8, 0), 108, 2048, 166912, 167936, 40 << 20)
+# Shared memory too small for long rows: they go uncached (or to a cluster on sm_90).
+SMALL_80 = DeviceProps("fake small sm_80", (8, 0), 16, 2048, 16384, 16384, 4 << 20)
+SMALL_90 = DeviceProps("fake small sm_90", (9, 0), 16, 2048, 16384, 16384, 4 << 20)
+DEVICES = [H100, A100, SMALL_80, SMALL_90]
+
+PAIRS = list(d.KERNEL_DTYPE_PAIRS)
+BAD_PAIRS = [("float32", "float16"), ("float32", "float64"), ("float16", "bfloat16"),
+             ("bfloat16", "float16"), ("float64", "float32"), ("float16", "float64"),
+             ("bfloat16", "float64"), ("float64", "float16")]
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def fake_occ(props: DeviceProps) -> Callable[[str, int, int], int]:
+    """Resident blocks per SM limited by threads and shared memory only."""
+
+    def occ(kernel: str, block: int, smem: int) -> int:
+        assert kernel.startswith("cunorm::") and block > 0 and smem >= 0
+        return min(props.max_threads_per_sm // block, props.smem_per_sm // max(smem, 1))
+
+    return occ
+
+
+def rows_plan(cols: int, src: str = "float32", dst: str | None = None, *, rows: int = 4096,
+              align: int = 16, props: DeviceProps = H100, force: str | None = None,
+              op: str = "softmax", occ=None) -> d.LaunchPlan:
+    return d.plan_rows(op, src, dst or src, rows, cols, align, props, occ or fake_occ(props),
+                       force)
+
+
+def strided_plan(outer: int, dim: int, inner: int, src: str = "float32", dst: str | None = None,
+                 *, align: int = 16, props: DeviceProps = H100, force: str | None = None,
+                 op: str = "softmax", occ=None) -> d.LaunchPlan:
+    return d.plan_strided(op, src, dst or src, outer, dim, inner, align, props,
+                          occ or fake_occ(props), force)
+
+
+def template_args(name: str) -> tuple[str, list[str]]:
+    """``"cunorm::k<a, b, 3>"`` -> ``("cunorm::k", ["a", "b", "3"])``."""
+    assert name.endswith(">"), name
+    base, args = name[:-1].split("<", 1)
+    return base, args.split(", ")
+
+
+def warp_args(plan: d.LaunchPlan) -> tuple[int, int, int, int]:
+    """(pack, values per thread, group width, rows per group) of a warp plan."""
+    base, args = template_args(plan.kernel)
+    assert plan.path == "warp" and base == "cunorm::softmax_warp", plan
+    assert len(args) == 7
+    return int(args[3]), int(args[4]), int(args[5]), int(args[6])
+
+
+def pack_of(plan: d.LaunchPlan) -> int:
+    return int(template_args(plan.kernel)[1][3])
+
+
+def smem_capacity(props: DeviceProps) -> int:
+    return props.smem_per_block_optin - d.STATIC_SMEM_RESERVE
+
+
+# --- helpers ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cols", "itemsize", "align", "expected"),
+    [
+        (1024, 4, 16, 4), (1024, 2, 16, 8), (1024, 8, 16, 2), (1024, 2, 8, 8),
+        (1020, 2, 16, 4), (1022, 2, 16, 2), (1021, 2, 16, 1), (1, 2, 16, 1),
+        (1024, 2, 4, 4), (1024, 2, 2, 2), (1024, 2, 1, 1), (1024, 4, 2, 2),
+        (1024, 2, 6, 2), (1024, 4, 12, 4), (24, 2, 16, 8), (12, 2, 16, 4),
+    ],
+)
+def test_max_pack(cols: int, itemsize: int, align: int, expected: int) -> None:
+    assert d.max_pack(cols, itemsize, align) == expected
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+@pytest.mark.parametrize("align", [1, 2, 3, 4, 8, 16])
+def test_max_pack_properties(itemsize: int, align: int) -> None:
+    for cols in range(1, 300):
+        pack = d.max_pack(cols, itemsize, align)
+        assert pack * itemsize <= 16
+        assert cols % pack == 0 and align % pack == 0
+        wider = 2 * pack
+        assert wider * itemsize > 16 or cols % wider or align % wider  # largest such pack
+
+
+def test_pick_block_keeps_occupancy_of_smallest_block() -> None:
+    table = {128: 8, 256: 8, 512: 4, 1024: 2}
+    assert d.pick_block("cunorm::k", 0, lambda k, b, s: table[b]) == (256, 8)
+    assert d.pick_block("cunorm::k", 0, lambda k, b, s: 16 * 128 // b) == (128, 16)
+    assert d.pick_block("cunorm::k", 0, lambda k, b, s: 1) == (d.BLOCK_SIZES[-1], 1)
+    assert d.pick_block("cunorm::k", 0, lambda k, b, s: 0) == (128, 0)
+
+
+# --- warp path ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cols", "align", "pack", "group", "rows_per_group"),
+    [
+        (1, 16, 1, 1, 2), (2, 16, 2, 1, 2), (3, 16, 1, 4, 2), (4, 16, 4, 1, 2),
+        (5, 16, 1, 8, 2), (6, 16, 2, 4, 2), (8, 16, 4, 2, 2), (12, 16, 4, 4, 2),
+        (16, 16, 4, 4, 2), (17, 16, 1, 32, 1), (31, 16, 1, 32, 1), (32, 16, 4, 8, 2),
+        (32, 1, 1, 32, 1), (32, 2, 2, 16, 2), (64, 16, 4, 16, 2), (68, 16, 4, 32, 1),
+        (128, 16, 4, 32, 1), (9, 16, 1, 16, 2),
+    ],
+)
+def test_warp_tiny_rows_float32(cols: int, align: int, pack: int, group: int,
+                                rows_per_group: int) -> None:
+    plan = rows_plan(cols, align=align)
+    assert warp_args(plan) == (pack, pack, group, rows_per_group)
+    assert (plan.block, plan.smem, plan.tx_count) == (d.WARP_BLOCK, 0, 0)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_warp_tiny_rows_every_group_width(src: str, dst: str) -> None:
+    """Rows up to 32 packs: one pack per lane, the narrowest power-of-two group that covers
+    the row, two rows per group below a full warp."""
+    widths = set()
+    for align in (1, 16):
+        for cols in range(1, 257):
+            plan = rows_plan(cols, src, dst, align=align)
+            pack, per_thread, group, rpg = warp_args(plan)
+            if cols > 32 * pack:
+                continue
+            widths.add(group)
+            assert per_thread == pack
+            assert group * pack >= cols > group // 2 * pack
+            assert rpg == (2 if group < 32 else 1)
+    assert widths == {1, 2, 4, 8, 16, 32}
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "cols", "align", "pack", "per_thread"),
+    [
+        ("float32", "float32", 33, 16, 1, 2),
+        ("float32", "float32", 132, 16, 4, 8),
+        ("float32", "float32", 288, 16, 4, 12),
+        ("float32", "float32", 288, 1, 1, 10),  # 9 packs per lane round up to 10
+        ("float32", "float32", 900, 16, 4, 32),
+        ("float32", "float32", 1023, 16, 1, 32),
+        ("float32", "float32", 1024, 16, 4, 32),
+        ("float16", "float16", 264, 16, 8, 16),
+        ("float16", "float16", 1024, 16, 8, 32),
+        ("float16", "float32", 1024, 16, 4, 32),  # the float32 output bounds the pack
+        ("bfloat16", "bfloat16", 1000, 16, 8, 32),
+        ("float64", "float64", 511, 16, 1, 16),
+        ("float64", "float64", 512, 16, 2, 16),
+        ("float64", "float64", 66, 16, 2, 4),
+        ("float64", "float64", 330, 16, 2, 12),  # 11 values per lane, 6 packs
+    ],
+)
+def test_warp_full_rows(src: str, dst: str, cols: int, align: int, pack: int,
+                        per_thread: int) -> None:
+    plan = rows_plan(cols, src, dst, align=align, force="warp")
+    assert warp_args(plan) == (pack, per_thread, 32, 1)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_warp_full_rows_round_values_per_thread(src: str, dst: str) -> None:
+    """Full warps hold ceil(cols / 32) values per lane rounded up to the next allowed
+    pack count, never more than fits in registers."""
+    cbytes = d.compute_bytes(src, dst)
+    for align in (1, 2, 16):
+        for cols in range(1, d.WARP_MAX_COLS[ITEMSIZE[src]] + 1):
+            pack, per_thread, group, _ = warp_args(rows_plan(cols, src, dst, align=align))
+            if cols <= 32 * pack:
+                continue
+            k = per_thread // pack
+            assert per_thread % pack == 0 and k in d.WARP_PACKS_PER_THREAD and group == 32
+            assert 32 * per_thread >= cols
+            smaller = [j for j in d.WARP_PACKS_PER_THREAD if j < k]
+            assert not smaller or 32 * smaller[-1] * pack < cols  # the smallest that covers
+            assert per_thread <= d.WARP_MAX_VALUES_PER_THREAD[cbytes]
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("props", [H100, A100], ids=["sm90", "sm80"])
+@pytest.mark.parametrize("align", [1, 16])
+def test_warp_limit(src: str, dst: str, props: DeviceProps, align: int) -> None:
+    limit = d.WARP_MAX_COLS[ITEMSIZE[src]]
+    assert rows_plan(limit - 1, src, dst, align=align, props=props).path == "warp"
+    assert rows_plan(limit, src, dst, align=align, props=props).path == "warp"
+    assert rows_plan(limit + 1, src, dst, align=align, props=props).path != "warp"
+
+
+def test_warp_grid_is_one_block_per_row_groups() -> None:
+    # group 1, 2 rows per group: 128 / 1 * 2 = 256 rows per block
+    assert rows_plan(1, rows=1000).grid == 4
+    # group 32, 1 row per group: 4 rows per block
+    assert rows_plan(128, rows=1000).grid == 250
+    assert rows_plan(128, rows=10**7).grid == 2_500_000
+    assert rows_plan(128, rows=2**40).grid == d.MAX_GRID  # the kernel loops beyond it
+
+
+def test_forced_warp_too_long_raises() -> None:
+    with pytest.raises(ValueError, match="warp.*cols=5000"):
+        rows_plan(5000, force="warp")
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_forced_warp_up_to_register_budget(src: str, dst: str) -> None:
+    """Forcing warp works while a row fits WARP_MAX_VALUES_PER_THREAD values per lane."""
+    most = 32 * d.WARP_MAX_VALUES_PER_THREAD[d.compute_bytes(src, dst)]
+    plan = rows_plan(most, src, dst, force="warp", align=1)
+    assert warp_args(plan)[1] * 32 >= most
+    with pytest.raises(ValueError, match=f"warp.*cols={most + 1}"):
+        rows_plan(most + 1, src, dst, force="warp", align=1)
+
+
+# --- block of registers -------------------------------------------------------------------
+def block_args(plan: d.LaunchPlan) -> tuple[int, int]:
+    """(pack, values per thread) of a block-register plan."""
+    base, args = template_args(plan.kernel)
+    assert plan.path == "block" and base == "cunorm::softmax_block" and len(args) == 5, plan
+    return int(args[3]), int(args[4])
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "cols", "align", "threads", "pack", "per_thread"),
+    [
+        ("float32", "float32", 769, 16, 128, 1, 8),  # all shapes pad 255: nearest 16 values
+        ("float32", "float32", 1000, 16, 128, 4, 8),
+        ("float32", "float32", 2048, 16, 128, 4, 16),
+        ("float32", "float32", 2052, 16, 256, 4, 12),  # 128 x 24 and 256 x 12 both pad 1020
+        ("float32", "float32", 4095, 16, 256, 1, 16),
+        ("float32", "float32", 4096, 16, 256, 4, 16),
+        ("float32", "float32", 8192, 16, 512, 4, 16),
+        ("float32", "float32", 12288, 16, 512, 4, 24),
+        ("float16", "float16", 4096, 16, 256, 8, 16),
+        ("float16", "float32", 4096, 16, 256, 4, 16),
+        ("bfloat16", "bfloat16", 3000, 16, 128, 8, 24),  # 256 x 16 would pad 1096
+        ("float64", "float64", 2000, 16, 128, 2, 16),
+        ("float64", "float64", 8192, 16, 512, 2, 16),
+    ],
+)
+def test_block_config_forced(src: str, dst: str, cols: int, align: int, threads: int,
+                             pack: int, per_thread: int) -> None:
+    """Least padding first, then values per thread nearest BLOCK_TARGET_VALUES."""
+    plan = rows_plan(cols, src, dst, align=align, force="block", rows=77)
+    assert (plan.block, *block_args(plan)) == (threads, pack, per_thread)
+    assert plan.block * per_thread >= cols and plan.smem == 0 and plan.grid == 77
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_block_config_properties(src: str, dst: str) -> None:
+    """Every (threads, values) choice covers the row within the register budget, and pads
+    at most 1/8 of the row whenever some choice does."""
+    cbytes = d.compute_bytes(src, dst)
+    isz = max(ITEMSIZE[src], ITEMSIZE[dst])
+    for cols in range(64, 512 * d.BLOCK_MAX_VALUES[cbytes] + 1, 7):
+        for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16 and cols % p == 0):
+            cfg = d.block_config(cols, pack, cbytes)
+            options = []
+            for t in d.BLOCK_THREADS:
+                k = next((k for k in d.BLOCK_PACKS_PER_THREAD if k * pack * t >= cols), None)
+                if k is not None and k * pack <= d.BLOCK_MAX_VALUES[cbytes]:
+                    options.append((t, k * pack))
+            if not options:
+                assert cfg is None, (cols, pack)
+                continue
+            assert cfg in options, (cols, pack, cfg)
+            threads, per_thread = cfg
+            if any(t * v - cols <= cols // 8 for t, v in options):
+                assert threads * per_thread - cols <= cols // 8, (cols, pack, cfg)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_forced_block_beyond_registers_raises(src: str, dst: str) -> None:
+    most = 512 * d.BLOCK_MAX_VALUES[d.compute_bytes(src, dst)]
+    assert rows_plan(most, src, dst, force="block", align=1).path == "block"
+    with pytest.raises(ValueError, match=f"block.*cols={most + 1}"):
+        rows_plan(most + 1, src, dst, force="block", align=1)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("props", DEVICES, ids=lambda p: p.name)
+def test_block_path_between_warp_and_block_limits(src: str, dst: str,
+                                                  props: DeviceProps) -> None:
+    isz = ITEMSIZE[src]
+    lo, hi = d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz]
+    for cols in range(lo + 1, max(hi, lo) + 2):
+        for align in (1, 16):
+            plan = rows_plan(cols, src, dst, props=props, align=align)
+            if cols <= hi:
+                assert plan.path == "block", (cols, plan)
+                _, per_thread = block_args(plan)
+                assert per_thread <= d.BLOCK_MAX_VALUES[d.compute_bytes(src, dst)]
+                assert plan.block * per_thread >= cols
+            else:
+                assert plan.path in ("smem", "cluster", "uncached"), (cols, plan)
+
+
+# --- block shared memory and clusters -----------------------------------------------------
+def _cluster_of(plan: d.LaunchPlan) -> int:
+    """Blocks per row of an smem / cluster / uncached plan."""
+    base, args = template_args(plan.kernel)
+    expected = {"smem": ("cunorm::softmax_smem", 4), "uncached": ("cunorm::softmax_uncached", 4)}
+    if (base, len(args)) == expected.get(plan.path):
+        return 1
+    assert (plan.path, base) in (("cluster", "cunorm::softmax_smem_cluster"),
+                                 ("uncached", "cunorm::softmax_uncached_cluster")), plan
+    assert len(args) == 5, plan
+    return int(args[4])
+
+
+def _slice_bytes(cols: int, pack: int, cluster: int, isz: int) -> int:
+    return -(-(cols // pack) // cluster) * pack * isz
+
+
+def _check_cached_plan(plan: d.LaunchPlan, cols: int, src: str, props: DeviceProps,
+                       rows: int) -> None:
+    """An smem / cluster plan caches its slice of the row in the input type, within the
+    opt-in limit, one block (cluster) per row."""
+    cluster = _cluster_of(plan)
+    slice_ = _slice_bytes(cols, pack_of(plan), cluster, ITEMSIZE[src])
+    assert plan.smem == slice_ <= smem_capacity(props)
+    assert plan.block in d.BLOCK_SIZES
+    assert plan.grid == min(rows, d.MAX_GRID // cluster) * cluster
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_smem_above_register_paths(src: str, dst: str) -> None:
+    isz = ITEMSIZE[src]
+    cols = 2 * max(d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz])
+    plan = rows_plan(cols, src, dst, rows=50)
+    isz_pack = max(ITEMSIZE[src], ITEMSIZE[dst])
+    assert plan.path == "smem"
+    assert template_args(plan.kernel)[1] == [d.CTYPE[src], d.CTYPE[dst], "false",
+                                             str(16 // isz_pack)]
+    _check_cached_plan(plan, cols, src, H100, 50)
+
+
+@pytest.mark.parametrize(
+    ("cols", "block"),
+    # float32 rows of 20 KB, 40 KB, 80 KB: 11, 5, 2 resident blocks of 128 threads
+    [(5000, 128), (10000, 256), (20000, 512)],
+)
+def test_smem_block_from_occupancy(cols: int, block: int) -> None:
+    plan = rows_plan(cols, rows=10**6)
+    assert (plan.path, plan.block, plan.smem, plan.grid) == ("smem", block, 4 * cols, 10**6)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_sm90_row_size_regimes(src: str, dst: str) -> None:
+    """sm_90: one block up to SMEM_MAX_COLS, then the smallest cluster whose slices are at
+    most SMEM_SLICE_MAX_BYTES, then uncached (each boundary hit exactly, one pack either
+    side)."""
+    isz = ITEMSIZE[src]
+    pack = 16 // max(isz, ITEMSIZE[dst])
+    smem_max = d.SMEM_MAX_COLS[isz] // pack * pack
+    s = d.SMEM_SLICE_MAX_BYTES // isz // pack * pack  # cols of one full slice
+    expect = [(smem_max, "smem", 1), (smem_max + pack, "cluster", None)]
+    prev = 1
+    for c in d.CLUSTER_SIZES:
+        if c * s > smem_max:
+            expect += [(c * s, "cluster", c)]
+            if prev * s + pack > smem_max:
+                expect += [(prev * s + pack, "cluster", c)]
+        prev = c
+    for cols, path, cluster in expect:
+        plan = rows_plan(cols, src, dst, rows=9)
+        assert plan.path == path, (cols, plan)
+        c = _cluster_of(plan)
+        assert cluster is None or c == cluster, (cols, plan)
+        assert c == min(k for k in (1, *d.CLUSTER_SIZES)
+                        if _slice_bytes(cols, pack, k, isz) <= d.SMEM_SLICE_MAX_BYTES
+                        or k == 1 and cols <= smem_max)
+        _check_cached_plan(plan, cols, src, H100, 9)
+    assert rows_plan(d.CLUSTER_SIZES[-1] * s + pack, src, dst).path == "uncached"
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("props", [A100, SMALL_80], ids=lambda p: p.name)
+def test_no_clusters_single_block_up_to_optin_then_uncached(src: str, dst: str,
+                                                            props: DeviceProps) -> None:
+    isz = ITEMSIZE[src]
+    last = smem_capacity(props) // isz
+    registers = last <= max(d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz])
+    plan = rows_plan(last, src, dst, props=props, align=1, rows=5,
+                     force="smem" if registers else None)
+    assert plan.path == "smem"
+    _check_cached_plan(plan, last, src, props, 5)
+    if not registers:
+        assert rows_plan(last + 1, src, dst, props=props, align=1).path == "uncached"
+    assert rows_plan(10**6, src, dst, props=props).path == "uncached"
+    with pytest.raises(ValueError, match="smem.*cannot cache"):
+        rows_plan(last + 1, src, dst, props=props, force="smem")
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("props", DEVICES, ids=lambda p: p.name)
+def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DeviceProps) -> None:
+    isz = ITEMSIZE[src]
+    cap = smem_capacity(props)
+    start = max(d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz]) + 1
+    for cols in range(start, 2**20, 1009):
+        for align in (1, 16):
+            plan = rows_plan(cols, src, dst, props=props, align=align, rows=3)
+            pack = pack_of(plan)
+            if plan.path == "uncached":
+                if props.has_clusters:  # no cluster of small slices fits
+                    assert cols > d.SMEM_MAX_COLS[isz] or _slice_bytes(cols, pack, 1, isz) > cap
+                    assert _slice_bytes(cols, pack, d.CLUSTER_SIZES[-1], isz) > min(
+                        cap, d.SMEM_SLICE_MAX_BYTES), (cols, plan)
+                else:
+                    assert _slice_bytes(cols, pack, 1, isz) > cap, (cols, plan)
+                continue
+            _check_cached_plan(plan, cols, src, props, 3)
+            if plan.path == "cluster":
+                assert props.has_clusters
+                assert plan.smem <= d.SMEM_SLICE_MAX_BYTES
+                smaller = [c for c in (1, *d.CLUSTER_SIZES) if c < _cluster_of(plan)]
+                assert all(_slice_bytes(cols, pack, c, isz) > min(cap, d.SMEM_SLICE_MAX_BYTES)
+                           for c in smaller[1:])
+
+
+def test_small_device_long_rows_uncached() -> None:
+    for cols in (4097, 5000, 10**5):
+        assert rows_plan(cols, props=SMALL_80).path == "uncached"
+    assert rows_plan(3840, props=SMALL_80, force="smem").path == "smem"
+    with pytest.raises(ValueError, match="smem.*cannot cache"):
+        rows_plan(3841, props=SMALL_80, force="smem")
+    assert rows_plan(1500, "float64", props=SMALL_80).path == "smem"  # 12 KB
+
+
+def test_smem_occupancy_zero_raises() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        rows_plan(8192, force="smem", occ=lambda k, b, s: 0)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_forced_cluster_sizes(src: str, dst: str) -> None:
+    """Forced onto clusters, a short row takes the smallest cluster; past 8 small slices, 8
+    slices up to the opt-in limit; past that the cluster path refuses."""
+    isz = ITEMSIZE[src]
+    pack = 16 // max(isz, ITEMSIZE[dst])
+    plan = rows_plan(2048, src, dst, force="cluster", rows=7)
+    assert plan.path == "cluster" and _cluster_of(plan) == d.CLUSTER_SIZES[0]
+    _check_cached_plan(plan, 2048, src, H100, 7)
+    s = d.SMEM_SLICE_MAX_BYTES // isz // pack * pack
+    plan = rows_plan(d.CLUSTER_SIZES[-1] * s + pack, src, dst, force="cluster")
+    assert _cluster_of(plan) == d.CLUSTER_SIZES[-1] and plan.smem > d.SMEM_SLICE_MAX_BYTES
+    last = smem_capacity(H100) * d.CLUSTER_SIZES[-1] // isz // pack * pack
+    assert _cluster_of(rows_plan(last, src, dst, force="cluster")) == d.CLUSTER_SIZES[-1]
+    with pytest.raises(ValueError, match="cluster.*cannot cache"):
+        rows_plan(last + pack, src, dst, force="cluster")
+
+
+def test_cluster_grid_is_one_cluster_per_row() -> None:
+    cols = 2 * d.SMEM_SLICE_MAX_BYTES // 4  # two full float32 slices
+    assert cols > d.SMEM_MAX_COLS[4]
+    for rows in (1, 3, 10**6):
+        plan = rows_plan(cols, rows=rows)
+        assert _cluster_of(plan) == 2 and plan.grid == 2 * rows
+    assert rows_plan(cols, rows=2**40).grid == d.MAX_GRID // 2 * 2
+
+
+def test_cluster_never_chosen_without_clusters() -> None:
+    for props in (A100, SMALL_80):
+        for cols in range(1000, 2_000_000, 9973):
+            plan = rows_plan(cols, props=props)
+            assert plan.path != "cluster" and _cluster_of(plan) == 1 if plan.path in (
+                "smem", "uncached") else True
+
+
+def test_forced_cluster_on_sm80_raises() -> None:
+    with pytest.raises(ValueError, match="sm_90"):
+        rows_plan(4096, force="cluster", props=A100)
+
+
+def test_forced_cluster_too_long_raises() -> None:
+    with pytest.raises(ValueError, match="cluster.*cannot cache"):
+        rows_plan(10**7, force="cluster")
+
+
+def test_cluster_on_small_sm90_device() -> None:
+    """16 KB of shared memory: slices up to 15 KB."""
+    assert rows_plan(1500, "float64", props=SMALL_90).path == "smem"  # 12 KB: one block
+    plan = rows_plan(4100, props=SMALL_90, rows=5)  # 16.4 KB: 2 slices of ~8 KB
+    assert (plan.path, _cluster_of(plan), plan.smem, plan.grid) == ("cluster", 2, 8208, 10)
+    plan = rows_plan(20000, props=SMALL_90)  # 80 KB of float32: 8 slices of 10 KB
+    assert (_cluster_of(plan), plan.smem) == (8, 10000)
+    assert rows_plan(40000, props=SMALL_90).path == "uncached"  # 8 slices of 20 KB: too big
+
+
+# --- uncached -----------------------------------------------------------------------------
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("props", [A100, SMALL_80], ids=lambda p: p.name)
+def test_uncached_long_rows_single_block(src: str, dst: str, props: DeviceProps) -> None:
+    cols = 2**24 + 16
+    plan = rows_plan(cols, src, dst, rows=5000, props=props)
+    isz = max(ITEMSIZE[src], ITEMSIZE[dst])
+    assert plan.path == "uncached"
+    assert template_args(plan.kernel) == (
+        "cunorm::softmax_uncached", [d.CTYPE[src], d.CTYPE[dst], "false", str(16 // isz)])
+    assert (plan.block, plan.smem) == (d.UNCACHED_BLOCK, 0)
+    per_sm = props.max_threads_per_sm // d.UNCACHED_BLOCK
+    assert plan.grid == min(5000, props.sm_count * per_sm)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("props", [H100, SMALL_90], ids=lambda p: p.name)
+def test_uncached_rows_split_over_clusters_on_sm90(src: str, dst: str,
+                                                   props: DeviceProps) -> None:
+    """Long uncached rows on sm_90: the smallest cluster whose slices are at most
+    UNCACHED_SLICE_MAX_BYTES (8 at most), one cluster per row."""
+    isz = ITEMSIZE[src]
+    pack = 16 // max(isz, ITEMSIZE[dst])
+    limit = d.UNCACHED_SLICE_MAX_BYTES
+    for cols, cluster in [(limit // isz, 1), (limit // isz + pack, 2), (2 * limit // isz, 2),
+                          (2 * limit // isz + pack, 4), (8 * limit // isz, 8),
+                          (8 * limit // isz + pack, 8), (2**24, 8)]:
+        plan = rows_plan(cols, src, dst, rows=3, props=props, force="uncached")
+        assert plan.path == "uncached" and _cluster_of(plan) == cluster, (cols, plan)
+        assert (plan.block, plan.smem) == (d.UNCACHED_BLOCK, 0)
+        if cluster > 1:
+            assert template_args(plan.kernel)[0] == "cunorm::softmax_uncached_cluster"
+            assert plan.grid == 3 * cluster
+    plan = rows_plan(2**24, src, dst, rows=2**40, props=props)
+    assert plan.grid == d.MAX_GRID // 8 * 8
+
+
+@pytest.mark.parametrize("cols", [1, 2, 3, 31, 32, 33, 1000, 1025, 28929, 10**6])
+def test_forced_uncached_any_cols(cols: int) -> None:
+    plan = rows_plan(cols, rows=3, force="uncached")
+    assert plan.path == "uncached" and cols % pack_of(plan) == 0
+    assert plan.grid == 3 * _cluster_of(plan)
+
+
+# --- packs, dtypes, ops -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("src", "dst", "cols", "align", "pack"),
+    [
+        ("float16", "float16", 4096, 16, 8), ("float16", "float16", 4096, 4, 4),
+        ("float16", "float16", 4098, 16, 2), ("float16", "float16", 4097, 16, 1),
+        ("float16", "float32", 4096, 16, 4), ("bfloat16", "float32", 4096, 16, 4),
+        ("bfloat16", "bfloat16", 4096, 16, 8), ("float32", "float32", 4096, 16, 4),
+        ("float32", "float32", 4096, 2, 2), ("float32", "float32", 4094, 16, 2),
+        ("float64", "float64", 4096, 16, 2), ("float64", "float64", 4096, 1, 1),
+        ("float64", "float64", 4095, 16, 1),
+    ],
+)
+@pytest.mark.parametrize("force", [None, "uncached", "smem", "block"])
+def test_pack_by_cols_and_alignment(src: str, dst: str, cols: int, align: int, pack: int,
+                                    force: str | None) -> None:
+    assert pack_of(rows_plan(cols, src, dst, align=align, force=force)) == pack
+
+
+@pytest.mark.parametrize(("src", "dst"), BAD_PAIRS)
+def test_rows_dtype_pair_without_kernel_raises(src: str, dst: str) -> None:
+    with pytest.raises(ValueError, match=f"no kernel for {src} -> {dst}"):
+        rows_plan(100, src, dst)
+
+
+@pytest.mark.parametrize(("src", "dst"), BAD_PAIRS)
+def test_strided_dtype_pair_without_kernel_raises(src: str, dst: str) -> None:
+    with pytest.raises(ValueError, match=f"no kernel for {src} -> {dst}"):
+        strided_plan(4, 16, 64, src, dst)
+
+
+@pytest.mark.parametrize(("op", "flag"), [("softmax", "false"), ("log_softmax", "true")])
+def test_op_selects_log_flag(op: str, flag: str) -> None:
+    for plan in (rows_plan(100, op=op), rows_plan(5000, op=op), rows_plan(10**6, op=op),
+                 rows_plan(40000, op=op), strided_plan(4, 8, 64, op=op),
+                 strided_plan(4, 10**5, 64, op=op)):
+        assert template_args(plan.kernel)[1][2] == flag
+
+
+# --- forcing ------------------------------------------------------------------------------
+def test_force_path_context() -> None:
+    assert d.forced_path() is None
+    with d.force_path("smem"):
+        assert d.forced_path() == "smem"
+        with d.force_path("uncached"):
+            assert d.forced_path() == "uncached"
+        assert d.forced_path() == "smem"
+        with d.force_path(None):
+            assert d.forced_path() is None
+    assert d.forced_path() is None
+
+
+def test_force_path_restored_after_exception() -> None:
+    with pytest.raises(RuntimeError), d.force_path("warp"):
+        raise RuntimeError("boom")
+    assert d.forced_path() is None
+
+
+@pytest.mark.parametrize("bad", ["bogus", "Warp", "", "strided_cached"])
+def test_force_path_unknown_raises(bad: str) -> None:
+    with pytest.raises(ValueError, match="unknown path"), d.force_path(bad):
+        pass
+    assert d.forced_path() is None
+
+
+def test_force_path_is_per_thread() -> None:
+    seen = []
+    with d.force_path("uncached"):
+        t = threading.Thread(target=lambda: seen.append(d.forced_path()))
+        t.start()
+        t.join()
+    assert seen == [None]
+
+
+@pytest.mark.parametrize("path", [*d.ROW_PATHS, *d.STRIDED_PATHS])
+def test_every_forceable_path_is_accepted(path: str) -> None:
+    with d.force_path(path):
+        assert d.forced_path() == path
+
+
+def test_planner_rejects_path_of_the_other_family() -> None:
+    for path in (*d.STRIDED_PATHS, "bogus"):
+        with pytest.raises(ValueError, match="unknown row path"):
+            rows_plan(100, force=path)
+    for path in (*d.ROW_PATHS, "bogus"):
+        with pytest.raises(ValueError, match="unknown strided path"):
+            strided_plan(4, 16, 64, force=path)
+
+
+# --- strided (outer, dim, inner) ----------------------------------------------------------
+def strided_args(plan: d.LaunchPlan) -> tuple[int, int, bool]:
+    """(pack, cluster size, cached) of a strided plan."""
+    base, args = template_args(plan.kernel)
+    if base == "cunorm::softmax_strided_cluster":  # <head, pack, [cache,] cluster>
+        assert plan.path == "strided-cached" and len(args) in (5, 6), plan
+        assert len(args) == 5 or args[4] == "true", plan
+        return int(args[3]), int(args[-1]), True
+    assert len(args) == 5, plan
+    assert base == "cunorm::softmax_strided" and args[4] in ("true", "false"), plan
+    assert (args[4] == "true") == (plan.path == "strided-cached"), plan
+    return int(args[3]), 1, args[4] == "true"
+
+
+def _check_strided(plan: d.LaunchPlan, outer: int, dim: int, inner: int, src: str,
+                   dst: str, props: DeviceProps) -> None:
+    """Invariants of every strided plan, whatever the tile heuristics."""
+    isz = ITEMSIZE[src]
+    pack, cluster, cached = strided_args(plan)
+    assert pack == d.max_pack(inner, max(isz, ITEMSIZE[dst]), 16) or inner % pack == 0
+    tx = plan.tx_count
+    assert tx >= 1 and tx & (tx - 1) == 0 and d.STRIDED_BLOCK % tx == 0, plan
+    width = tx * pack
+    assert tx == 1 or (tx // 2) * pack < inner, f"tile wider than inner needs: {plan}"
+    assert plan.block == d.STRIDED_BLOCK
+    tiles = outer * -(-inner // width)
+    assert plan.grid == min(tiles, d.MAX_GRID // cluster) * cluster, plan
+    assert cluster == 1 or props.has_clusters
+    slab = -(-dim // cluster) * width * isz if cached else 0
+    assert slab <= d.STRIDED_SLICE_MAX_BYTES
+    assert plan.smem > slab and plan.smem <= props.smem_per_block_optin
+    if cached and cluster > 1:  # the smallest cluster whose slice fits beside the partials
+        bound = min(d.STRIDED_SLICE_MAX_BYTES,
+                    props.smem_per_block_optin - d.STATIC_SMEM_RESERVE - (plan.smem - slab))
+        smaller = [c for c in (1, *d.CLUSTER_SIZES) if c < cluster]
+        assert all(-(-dim // c) * width * isz > bound for c in smaller)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+@pytest.mark.parametrize("props", [H100, A100, SMALL_80, SMALL_90], ids=lambda p: p.name)
+def test_strided_plans_invariants(src: str, dst: str, props: DeviceProps) -> None:
+    """On the 16 KB fake devices a 256-thread block's partial states for 16-byte packs need
+    16 KB themselves: only there may planning fail, and only with 'does not fit'."""
+    for outer in (1, 3, 1000):
+        for dim in (1, 2, 7, 64, 300, 1000, 5000, 40000, 10**6):
+            for inner in (2, 3, 4, 6, 8, 64, 100, 4096, 65536):
+                for align in (1, 16):
+                    try:
+                        plan = strided_plan(outer, dim, inner, src, dst, props=props, align=align)
+                    except ValueError as err:
+                        assert props.smem_per_block_optin < 48 * 1024, err
+                        assert "does not fit" in str(err)
+                        continue
+                    _check_strided(plan, outer, dim, inner, src, dst, props)
+                    forced = strided_plan(outer, dim, inner, src, dst, props=props,
+                                          align=align, force="strided")
+                    assert forced.path == "strided"
+                    _check_strided(forced, outer, dim, inner, src, dst, props)
+                    if plan.path == "strided-cached":
+                        assert strided_plan(outer, dim, inner, src, dst, props=props,
+                                            align=align, force="strided-cached") == plan
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_strided_cached_short_dim_single_block(src: str, dst: str) -> None:
+    plan = strided_plan(32, 21, 65536, src, dst)
+    assert plan.path == "strided-cached" and strided_args(plan)[1:] == (1, True)
+    _check_strided(plan, 32, 21, 65536, src, dst, H100)
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_strided_long_dim_cluster_on_sm90_uncached_on_sm80(src: str, dst: str) -> None:
+    """A dim whose slab is too big for one block is split over a cluster on sm_90 and read
+    twice on sm_80; far too big, it is read twice everywhere."""
+    isz = ITEMSIZE[src]
+    for dim in range(2, 10**6, 4999):
+        plan90 = strided_plan(4, dim, 4096, src, dst)
+        width = plan90.tx_count * strided_args(plan90)[0]
+        one_block = dim * width * isz <= d.STRIDED_SLICE_MAX_BYTES
+        if not one_block and plan90.path == "strided-cached":
+            assert strided_args(plan90)[1] > 1
+            plan80 = strided_plan(4, dim, 4096, src, dst, props=A100)
+            assert strided_args(plan80)[1] == 1
+    huge = strided_plan(4, 10**7, 4096, src, dst)
+    assert huge.path == "strided" and not strided_args(huge)[2]
+    with pytest.raises(ValueError, match="strided-cached"):
+        strided_plan(4, 10**7, 4096, src, dst, force="strided-cached")
+    assert any(strided_args(strided_plan(4, dim, 4096, src, dst))[1] > 1
+               for dim in (2**k for k in range(4, 20))), "no strided cluster on sm_90"
+
+
+@pytest.mark.parametrize(
+    ("inner", "align", "pack"),
+    [(2, 16, 2), (3, 16, 1), (5, 16, 1), (8, 16, 4), (64, 16, 4), (64, 1, 1), (4096, 16, 4),
+     (4096, 2, 2), (6, 16, 2)],
+)
+def test_strided_pack(inner: int, align: int, pack: int) -> None:
+    for dim in (5, 5000):
+        plan = strided_plan(2, dim, inner, align=align)
+        assert pack_of(plan) == pack
+        _check_strided(plan, 2, dim, inner, "float32", "float32", H100)
+
+
+def test_strided_tiny_inner_tile_is_one_pack_wide() -> None:
+    plan = strided_plan(2, 5, 2, align=16)  # inner 2 = one pack of 2: one column of threads
+    assert (pack_of(plan), plan.tx_count, plan.grid) == (2, 1, 2)
+
+
+def test_strided_half_to_float_pack_bounded_by_output() -> None:
+    assert pack_of(strided_plan(2, 5, 4096, "float16", "float32")) == 4
+    assert pack_of(strided_plan(2, 5, 4096, "float16", "float16")) == 8
+
+
+def test_strided_occupancy_zero_raises() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        strided_plan(2, 5, 64, occ=lambda k, b, s: 0)
+
+
+# --- launch-shape invariants over a sweep -------------------------------------------------
+_SWEEP_COLS = sorted({*range(1, 70), *range(1000, 1100, 7), 767, 768, 769, 1536, 1537, 2047,
+                      2048, 4096, 4097, 5000, 24576, 24580, 32768, 32772, 131072, 131076,
+                      12288, 28928, 28929, 57856, 65537, 115712, 262144, 462848, 10**6})
+
+
+@pytest.mark.parametrize("props", DEVICES, ids=lambda p: p.name)
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_grid_shapes(props: DeviceProps, src: str, dst: str) -> None:
+    """Register and cached paths launch one block (row group, cluster) per row, capped at
+    MAX_GRID, strided plans one per tile; single-block uncached plans are persistent grids
+    within sm_count x occupancy. No grid is ever 0."""
+    occ = fake_occ(props)
+    for rows in (1, 3, 1000, 10**6, 2**40):
+        for cols in _SWEEP_COLS:
+            for align in (1, 16):
+                plan = rows_plan(cols, src, dst, rows=rows, props=props, align=align)
+                assert 1 <= plan.grid <= d.MAX_GRID, (rows, cols, plan)
+                assert plan.block in (d.WARP_BLOCK, d.UNCACHED_BLOCK, *d.BLOCK_SIZES)
+                assert 0 <= plan.smem <= smem_capacity(props), (cols, plan)
+                if plan.path == "warp":
+                    _, _, group, rpg = warp_args(plan)
+                    assert plan.grid == min(-(-rows // (plan.block // group * rpg)), d.MAX_GRID)
+                elif plan.path == "block":
+                    assert plan.grid == min(rows, d.MAX_GRID) and plan.smem == 0
+                elif plan.path == "uncached" and _cluster_of(plan) == 1:
+                    per_sm = max(1, occ(plan.kernel, plan.block, plan.smem))
+                    assert plan.grid == min(rows, props.sm_count * per_sm)
+                else:
+                    c = _cluster_of(plan)
+                    assert plan.grid == min(rows, d.MAX_GRID // c) * c, (rows, cols, plan)
+    if props.smem_per_block_optin < 2 * d.STRIDED_SLICE_MAX_BYTES:
+        return  # see test_strided_plans_invariants
+    for outer, dim, inner in [(1, 1, 2), (1, 5, 3), (7, 21, 1000), (1000, 3, 64),
+                              (10**5, 1000, 4096), (2, 10**6, 8), (2**20, 2, 2**20)]:
+        for align in (1, 16):
+            plan = strided_plan(outer, dim, inner, src, dst, props=props, align=align)
+            _check_strided(plan, outer, dim, inner, src, dst, props)
+            assert 1 <= plan.grid <= d.MAX_GRID
+
+
+def test_launch_plan_is_frozen_and_hashable() -> None:
+    plan = rows_plan(100)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.grid = 1  # type: ignore[misc]
+    assert plan == rows_plan(100) and hash(plan) == hash(rows_plan(100))
+    assert len({plan, rows_plan(100), rows_plan(101)}) == 2
+
+
+def test_docstring_examples() -> None:
+    result = doctest.testmod(d, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# --- every emitted kernel is listed by all_kernel_names ------------------------------------
+_LONG_COLS = (1025, 2047, 4096, 12288, 28929, 57856, 115712, 262144, 462848, 462852, 2**20)
+
+
+def _emitted(props: DeviceProps, dense: bool) -> set[str]:
+    """Kernel names of every plan over a sweep: cols 1..5000 (``dense``) or a sparse set, four
+    alignments (every pack), both ops, every dtype pair, normal and forced paths."""
+    occ = fake_occ(props)
+    names: set[str] = set()
+    cols_sweep = range(1, 5001) if dense else sorted({*range(1, 5001, 97), *_LONG_COLS})
+    for src, dst in PAIRS:
+        for op in ("softmax", "log_softmax"):
+            for align in (1, 2, 4, 8):
+                for cols in (*cols_sweep, *_LONG_COLS):
+                    forces: tuple[str | None, ...] = (None,)
+                    if cols > d.WARP_MAX_COLS[ITEMSIZE[src]]:
+                        forces += ("warp", "block")  # below the limit: the same plans
+                    if cols % 97 == 1 or cols in _LONG_COLS:
+                        forces += ("block", "smem", "cluster", "uncached")
+                    for force in forces:
+                        try:
+                            plan = d.plan_rows(op, src, dst, 1, cols, align, props, occ, force)
+                        except ValueError:
+                            continue
+                        names.add(plan.kernel)
+                for dim in (1, 7, 300, 5000, 40000, 10**6):
+                    for inner in (2, 3, 4, 6, 8, 64, 4096):
+                        for force in (None, *d.STRIDED_PATHS):
+                            try:
+                                plan = d.plan_strided(op, src, dst, 2, dim, inner, align, props,
+                                                      occ, force)
+                            except ValueError:
+                                continue
+                            names.add(plan.kernel)
+    return names
+
+
+@pytest.mark.parametrize(("arch", "dense", "sparse"),
+                         [(80, A100, SMALL_80), (90, H100, SMALL_90)], ids=["sm80", "sm90"])
+def test_all_kernel_names_cover_every_plan(arch: int, dense: DeviceProps,
+                                           sparse: DeviceProps) -> None:
+    listed = set(d.all_kernel_names(arch))
+    assert len(listed) == len(d.all_kernel_names(arch))  # no duplicates
+    emitted = _emitted(dense, True) | _emitted(sparse, False)
+    missing = sorted(emitted - listed)
+    assert not missing, f"{len(missing)} emitted kernels not in all_kernel_names({arch}): " \
+                        f"{missing[:10]}"
+    kinds = {template_args(n)[0] for n in emitted}
+    expected = {"cunorm::softmax_warp", "cunorm::softmax_block", "cunorm::softmax_smem",
+                "cunorm::softmax_uncached", "cunorm::softmax_strided"}
+    sm90 = {"cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
+            "cunorm::softmax_strided_cluster"}
+    assert kinds == expected | (sm90 if arch >= 90 else set())
+
+
+def test_all_kernel_names_by_arch() -> None:
+    n80, n90 = set(d.all_kernel_names(80)), set(d.all_kernel_names(90))
+    assert n80 < n90
+    assert not any("cluster" in n for n in n80)
+    assert {template_args(n)[0] for n in n90 - n80} == {
+        "cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
+        "cunorm::softmax_strided_cluster"}
+    for name in n90:
+        base, args = template_args(name)
+        assert (args[0], args[1]) in {(d.CTYPE[s], d.CTYPE[t]) for s, t in PAIRS}, name
+        assert args[2] in ("true", "false")

@@ -1,0 +1,131 @@
+"""Package hygiene: importing cunorm touches no GPU library, the NumPy path needs neither CuPy
+nor ml_dtypes, and the kernel sources are found and compiled as one self-contained string.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cunorm
+from cunorm import _kernels
+
+PKG_PARENT = Path(cunorm.__file__).resolve().parent.parent
+GPU_MODULES = ("cupy", "cupy_backends", "cupyx", "torch", "jax", "jaxlib", "triton")
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that imports the same cunorm as this process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PKG_PARENT),
+                                                      env.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, cwd=str(PKG_PARENT), timeout=120)
+
+
+def test_import_loads_no_gpu_library() -> None:
+    res = run_python(f"""
+        import sys
+        import numpy as np
+        import cunorm
+        assert cunorm.__file__.startswith({str(PKG_PARENT)!r}), cunorm.__file__
+        y = cunorm.softmax(np.array([[1.0, 2.0, 3.0]]), axis=-1)
+        y = cunorm.log_softmax(np.ones((2, 3), np.float32), axis=(0, 1))
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in {GPU_MODULES!r})
+        print("LOADED", loaded)
+        assert not loaded, loaded
+    """)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("blocked", [("cupy",), ("cupy", "ml_dtypes")], ids=str)
+def test_numpy_path_without_cupy(blocked: tuple[str, ...]) -> None:
+    """``sys.modules[name] = None`` makes ``import name`` raise ImportError."""
+    res = run_python(f"""
+        import sys
+        for name in {blocked!r}:
+            sys.modules[name] = None
+        import numpy as np
+        import cunorm
+        x = np.array([[0.0, np.log(3.0)], [5.0, 5.0]], dtype=np.float32)
+        y = cunorm.softmax(x)
+        assert y.dtype == np.float32 and type(y) is np.ndarray
+        np.testing.assert_allclose(y, [[0.25, 0.75], [0.5, 0.5]], rtol=1e-6)
+        np.testing.assert_allclose(cunorm.log_softmax(x, axis=0, dtype=np.float64)[:, 1],
+                                   np.log([1 / (1 + np.exp(5 - np.log(3.0))),
+                                           1 / (1 + np.exp(np.log(3.0) - 5))]), rtol=1e-6)
+        try:
+            cunorm.softmax(np.zeros(3, np.int32))
+        except TypeError as err:
+            assert "int32" in str(err)
+        else:
+            raise AssertionError("int32 accepted")
+        print("OK")
+    """)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
+
+
+def test_public_namespace() -> None:
+    assert {"softmax", "log_softmax", "__version__"} <= set(cunorm.__all__)
+    for name in cunorm.__all__:
+        assert hasattr(cunorm, name), name
+    assert "Parameters" in (cunorm.softmax.__doc__ or "")
+    assert cunorm.log_softmax.__doc__
+
+
+def test_version_matches_pyproject() -> None:
+    pyproject = PKG_PARENT / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("not a source checkout")
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    meta = tomllib.loads(pyproject.read_text())
+    assert cunorm.__version__ == meta["project"]["version"]
+
+
+# --- kernel sources -----------------------------------------------------------------------
+def test_source_dir_finds_sources() -> None:
+    folder = _kernels.source_dir()
+    assert isinstance(folder, Path) and folder.is_dir()
+    assert (folder / "common.cuh").is_file()
+    assert (folder / "softmax.cu").is_file()
+
+
+def test_kernel_source_inlines_common_header() -> None:
+    folder = _kernels.source_dir()
+    common = (folder / "common.cuh").read_text()
+    body = (folder / "softmax.cu").read_text()
+    src = _kernels.kernel_source("softmax.cu")
+    assert not re.search(r'^\s*#\s*include\s*["<][^">]*common\.cuh[">]', src, re.MULTILINE)
+    assert not re.search(r'^\s*#\s*include\s*"', src, re.MULTILINE), "local #include left"
+    assert common.strip() in src and body.strip() in src
+    assert src.index(common.strip()) < src.index(body.strip())  # declarations first
+    assert "namespace cunorm" in src and "softmax_warp" in src
+
+
+def test_kernel_source_defines_every_kernel_template() -> None:
+    from cunorm import _dispatch
+
+    src = _kernels.kernel_source("softmax.cu")
+    bases = {name.split("<", 1)[0].split("::")[-1] for name in _dispatch.all_kernel_names(90)}
+    for base in bases:
+        assert re.search(rf"__global__[^;{{]*\b{base}\s*\(", src), f"no kernel {base}"
+
+
+def test_kernel_source_missing_file() -> None:
+    with pytest.raises(FileNotFoundError):
+        _kernels.kernel_source("no_such_op.cu")
+
+
+@pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
+def test_compile_options(arch: int) -> None:
+    opts = _kernels.compile_options(arch)
+    assert isinstance(opts, tuple) and all(isinstance(o, str) for o in opts)  # CuPy needs a tuple
+    assert f"--gpu-architecture=sm_{arch}" in opts
+    assert any("c++17" in o for o in opts)
+    assert ("-DCUNORM_SM90" in opts) == (arch >= 90)
