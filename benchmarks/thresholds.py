@@ -32,7 +32,7 @@ PATHS = {
     "block": ("block", {}),
     "smem": ("smem", {}),
     "cluster": ("cluster", {}),
-    "cluster-32k": ("cluster", {"SMEM_SLICE_MAX_BYTES": 32 * 1024}),
+    "cluster-64k": ("cluster", {"SMEM_SLICE_PREFERRED_BYTES": 64 * 1024}),
     "uncached": ("uncached", {}),
     "uncached-1blk": ("uncached", {"UNCACHED_SLICE_MAX_BYTES": 1 << 40}),
 }

@@ -70,11 +70,14 @@ BLOCK_PACKS_PER_THREAD = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 # Block paths: a row is cached in shared memory by one block (smem) or, on sm_90, split over
 # a cluster of blocks exchanging partial results through distributed shared memory (cluster).
 # One block caches rows up to SMEM_MAX_COLS (by input item size); longer rows go to the
-# smallest cluster whose slices are at most SMEM_SLICE_MAX_BYTES, and rows longer than 8 such
+# smallest cluster whose slices are small (below), and rows longer than 8 SMEM_SLICE_MAX_BYTES
 # slices are read twice (uncached: on H200 a cluster of 8 with 128 KB slices ran fp32 262144
 # at 2350 GB/s, uncached at 2680).
 SMEM_MAX_COLS = {2: 49152, 4: 24576, 8: 12288}
 SMEM_SLICE_MAX_BYTES = 64 * 1024
+# Clusters prefer slices of at most this size when 8 blocks suffice: bf16 65536 cols ran at
+# 3310 GB/s in 4 x 32 KB against 2690 in 2 x 64 KB, fp16 131072 at 3255 vs 3101.
+SMEM_SLICE_PREFERRED_BYTES = 32 * 1024
 # Every path launches one block (warp path: one block of row groups; clusters: one cluster)
 # per row and lets the hardware schedule them. On H200 this beat persistent grids (resident
 # blocks looping over rows) on every path: warp fp16 1024 cols 3736 vs 3593 GB/s, smem fp16 8192
@@ -310,16 +313,15 @@ def _smem_capacity(props: DeviceProps) -> int:
 def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
                 clusters: tuple[int, ...]) -> tuple[int, int] | None:
     """(cluster size, dynamic smem bytes per block) of the first cluster size in ``clusters``
-    whose slice of the row fits, preferring slices up to SMEM_SLICE_MAX_BYTES; None if none
-    fits in shared memory."""
+    whose slice of the row is at most SMEM_SLICE_PREFERRED_BYTES, else at most
+    SMEM_SLICE_MAX_BYTES, else the largest slice that fits; None if none fits in shared memory."""
     cap = _smem_capacity(props)
-    fitting = []
-    for c in clusters:
-        slice_bytes = _cdiv(cols // pack, c) * pack * itemsize
-        if slice_bytes <= cap:
-            fitting.append((c, slice_bytes))
-            if slice_bytes <= SMEM_SLICE_MAX_BYTES:
-                return fitting[-1]
+    slices = [(c, _cdiv(cols // pack, c) * pack * itemsize) for c in clusters]
+    fitting = [(c, b) for c, b in slices if b <= cap]
+    for limit in (SMEM_SLICE_PREFERRED_BYTES, SMEM_SLICE_MAX_BYTES):
+        for c, b in fitting:
+            if b <= limit:
+                return c, b
     return fitting[-1] if fitting else None
 
 

@@ -164,7 +164,7 @@ def precompile(device: int = 0, jobs: int | None = None, progress: bool = True) 
     --------
     >>> from cunorm.precompile import precompile
     >>> precompile(device=0, jobs=8)  # doctest: +SKIP
-    1714
+    1434
     """
     jobs = default_jobs() if jobs is None else int(jobs)
     if jobs < 1:

@@ -359,33 +359,42 @@ def test_smem_block_from_occupancy(cols: int, block: int) -> None:
     assert (plan.path, plan.block, plan.smem, plan.grid) == ("smem", block, 4 * cols, 10**6)
 
 
+def expected_cluster(cols: int, pack: int, isz: int, cap: int) -> int | None:
+    """The slice rule, restated: the smallest cluster whose slices are at most the preferred
+    size, else at most the maximum size (both bounded by the opt-in limit)."""
+    for limit in (d.SMEM_SLICE_PREFERRED_BYTES, d.SMEM_SLICE_MAX_BYTES):
+        for k in d.CLUSTER_SIZES:
+            if _slice_bytes(cols, pack, k, isz) <= min(cap, limit):
+                return k
+    return None
+
+
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_sm90_row_size_regimes(src: str, dst: str) -> None:
-    """sm_90: one block up to SMEM_MAX_COLS, then the smallest cluster whose slices are at
-    most SMEM_SLICE_MAX_BYTES, then uncached (each boundary hit exactly, one pack either
-    side)."""
+    """sm_90: one block up to SMEM_MAX_COLS, then clusters by the slice rule, then uncached;
+    every boundary hit exactly, one pack either side."""
     isz = ITEMSIZE[src]
     pack = 16 // max(isz, ITEMSIZE[dst])
+    cap = smem_capacity(H100)
     smem_max = d.SMEM_MAX_COLS[isz] // pack * pack
-    s = d.SMEM_SLICE_MAX_BYTES // isz // pack * pack  # cols of one full slice
-    expect = [(smem_max, "smem", 1), (smem_max + pack, "cluster", None)]
-    prev = 1
-    for c in d.CLUSTER_SIZES:
-        if c * s > smem_max:
-            expect += [(c * s, "cluster", c)]
-            if prev * s + pack > smem_max:
-                expect += [(prev * s + pack, "cluster", c)]
-        prev = c
-    for cols, path, cluster in expect:
+    points = {smem_max, smem_max + pack}
+    for limit in (d.SMEM_SLICE_PREFERRED_BYTES, d.SMEM_SLICE_MAX_BYTES):
+        full = limit // isz // pack * pack  # cols of one full slice
+        for c in d.CLUSTER_SIZES:
+            points |= {c * full, c * full + pack}
+    for cols in sorted(p for p in points if p > smem_max - pack):
         plan = rows_plan(cols, src, dst, rows=9)
-        assert plan.path == path, (cols, plan)
-        c = _cluster_of(plan)
-        assert cluster is None or c == cluster, (cols, plan)
-        assert c == min(k for k in (1, *d.CLUSTER_SIZES)
-                        if _slice_bytes(cols, pack, k, isz) <= d.SMEM_SLICE_MAX_BYTES
-                        or k == 1 and cols <= smem_max)
+        if cols <= smem_max:
+            assert plan.path == "smem", (cols, plan)
+        elif expected_cluster(cols, pack, isz, cap) is None:
+            assert plan.path == "uncached", (cols, plan)
+            continue
+        else:
+            assert plan.path == "cluster", (cols, plan)
+            assert _cluster_of(plan) == expected_cluster(cols, pack, isz, cap), (cols, plan)
         _check_cached_plan(plan, cols, src, H100, 9)
-    assert rows_plan(d.CLUSTER_SIZES[-1] * s + pack, src, dst).path == "uncached"
+    full_max = d.SMEM_SLICE_MAX_BYTES // isz // pack * pack
+    assert rows_plan(d.CLUSTER_SIZES[-1] * full_max + pack, src, dst).path == "uncached"
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
@@ -428,9 +437,7 @@ def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DevicePr
             if plan.path == "cluster":
                 assert props.has_clusters
                 assert plan.smem <= d.SMEM_SLICE_MAX_BYTES
-                smaller = [c for c in (1, *d.CLUSTER_SIZES) if c < _cluster_of(plan)]
-                assert all(_slice_bytes(cols, pack, c, isz) > min(cap, d.SMEM_SLICE_MAX_BYTES)
-                           for c in smaller[1:])
+                assert _cluster_of(plan) == expected_cluster(cols, pack, isz, cap), (cols, plan)
 
 
 def test_small_device_long_rows_uncached() -> None:
@@ -466,12 +473,12 @@ def test_forced_cluster_sizes(src: str, dst: str) -> None:
 
 
 def test_cluster_grid_is_one_cluster_per_row() -> None:
-    cols = 2 * d.SMEM_SLICE_MAX_BYTES // 4  # two full float32 slices
+    cols = 4 * d.SMEM_SLICE_PREFERRED_BYTES // 4  # four full preferred float32 slices
     assert cols > d.SMEM_MAX_COLS[4]
     for rows in (1, 3, 10**6):
         plan = rows_plan(cols, rows=rows)
-        assert _cluster_of(plan) == 2 and plan.grid == 2 * rows
-    assert rows_plan(cols, rows=2**40).grid == d.MAX_GRID // 2 * 2
+        assert _cluster_of(plan) == 4 and plan.grid == 4 * rows
+    assert rows_plan(cols, rows=2**40).grid == d.MAX_GRID // 4 * 4
 
 
 def test_cluster_never_chosen_without_clusters() -> None:
