@@ -224,17 +224,20 @@ def same_device(a, b, fname: str, argname: str) -> None:
 
 # --- frameworks through DLPack ----------------------------------------------------------
 @contextlib.contextmanager
-def framework_stream(x: object, kind: str) -> Iterator[None]:
+def framework_stream(x: object, kind: str, fname: str) -> Iterator[None]:
     """Run CuPy work on the framework's current stream for ``x`` (torch), so no
     synchronisation is needed in either direction. JAX exposes no stream; DLPack's stream
     handshake orders the work instead."""
-    cupy = _cupy()
     if kind == "torch":
+        if not x.is_cuda:
+            raise TypeError(f"{fname}(): x is a CPU torch.Tensor; cunorm computes on CUDA "
+                            "tensors (pass x.numpy() for the NumPy reference path)")
+        cupy = _cupy()
+        if cupy is None:
+            raise RuntimeError(f"{fname}(): x is a CUDA torch.Tensor but CuPy is not installed "
+                               "(pip install 'cunorm[cuda13]' or 'cunorm[cuda12]')")
         import torch
 
-        if not x.is_cuda:
-            raise TypeError("x is a CPU torch.Tensor; cunorm computes on CUDA tensors "
-                            "(pass x.numpy() for the NumPy reference path)")
         stream = torch.cuda.current_stream(x.device)
         with cupy.cuda.Device(x.device.index), cupy.cuda.ExternalStream(
                 stream.cuda_stream, x.device.index):

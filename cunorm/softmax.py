@@ -74,7 +74,7 @@ def _softmax_family(x, axis, dtype, out, log: bool, fname: str):
     if kind == "numpy":
         return _softmax_numpy(x, axis, dtype, out, log, fname)
     # torch / jax: compute on a zero-copy CuPy view, on the framework's stream
-    with _array.framework_stream(x, kind):
+    with _array.framework_stream(x, kind, fname):
         xc = _array.to_cupy(x, kind, fname)
         outc = None
         if out is not None:

@@ -33,9 +33,9 @@ class Target:
 
 
 TARGETS = (
-    Target(">= 90% of copy bandwidth, cols 1024-32768", 1024, 32768, "copy", 0.90),
-    Target(">= 80% of copy bandwidth, cols 65536-262144", 65536, 262144, "copy", 0.80),
-    Target(">= best peer, cols 32-32768", 32, 32768, "peer"),
+    Target("at least 90% of copy bandwidth, cols 1024-32768", 1024, 32768, "copy", 0.90),
+    Target("at least 80% of copy bandwidth, cols 65536-262144", 65536, 262144, "copy", 0.80),
+    Target("at least as fast as the best peer, cols 32-32768", 32, 32768, "peer"),
 )
 
 
