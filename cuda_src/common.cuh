@@ -17,6 +17,8 @@ struct __align__(2) bf16_t { unsigned short bits; };
 
 template <typename A, typename B> struct IsSame { static constexpr bool value = false; };
 template <typename A> struct IsSame<A, A> { static constexpr bool value = true; };
+template <bool B, typename T, typename F> struct Conditional { typedef T type; };
+template <typename T, typename F> struct Conditional<false, T, F> { typedef F type; };
 
 // Arithmetic type for a storage type: float for the 16-bit types, itself otherwise.
 template <typename T> struct ComputeOf { typedef T type; };
@@ -255,6 +257,10 @@ template <typename SRC, typename C> struct DirectLoad {
   template <int N> __device__ __forceinline__ void load(C* dst, i64 row, i64 col) const {
     convert<N>(fetch<N>(row, col), dst, row, col);
   }
+  // Start moving the raw pack at (row, col) into shared memory (cp.async: wait before use).
+  template <int N> __device__ __forceinline__ void fill(Pack<SRC, N>* dst, i64 row, i64 col) const;
+  // The functor for a second read of the row (the uncached paths): the same one.
+  __device__ __forceinline__ const DirectLoad& second() const { return *this; }
 };
 
 // Asynchronous global -> shared copy of one pack (sm_80+ cp.async; 4, 8 or 16 bytes), and the
@@ -277,6 +283,46 @@ __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.com
 template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
+
+template <typename SRC, typename C>
+template <int N>
+__device__ __forceinline__ void DirectLoad<SRC, C>::fill(Pack<SRC, N>* dst, i64 row, i64 col) const {
+  copy_async<sizeof(Pack<SRC, N>)>(dst, address(row, col));
+}
+
+// Residual LOAD functor (pre-norm transformer block): h = x + r, rounded to the storage type
+// as a framework adding the two tensors would, is written to `h` as it is read, and the kernel
+// normalizes h. Every element of x and r is read once and h written once on the paths that
+// hold the row; the uncached paths read h back for their second pass (second()).
+template <typename SRC, typename C> struct ResidualLoad {
+  typedef SRC raw_t;
+  DirectLoad<SRC, C> x, r;
+  SRC* h;
+  i64 ldh;
+  __device__ ResidualLoad(const SRC* x_, i64 ldx, const SRC* r_, i64 ldr, SRC* h_, i64 ldh_)
+      : x(x_, ldx), r(r_, ldr), h(h_), ldh(ldh_) {}
+  template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
+    const Pack<SRC, N> a = x.template fetch<N>(row, col);
+    const Pack<SRC, N> b = r.template fetch<N>(row, col);
+    Pack<SRC, N> sum;
+#pragma unroll
+    for (int i = 0; i < N; ++i) sum.v[i] = from_compute<SRC>(to_compute<C>(a.v[i]) + to_compute<C>(b.v[i]));
+    store_pack<SRC, N>(h + row * ldh + col, sum);
+    return sum;
+  }
+  template <int N>
+  __device__ __forceinline__ void convert(const Pack<SRC, N>& p, C* dst, i64 row, i64 col) const {
+    x.template convert<N>(p, dst, row, col);
+  }
+  template <int N> __device__ __forceinline__ void load(C* dst, i64 row, i64 col) const {
+    convert<N>(fetch<N>(row, col), dst, row, col);
+  }
+  // Through registers: the sum must be formed before it can be cached.
+  template <int N> __device__ __forceinline__ void fill(Pack<SRC, N>* dst, i64 row, i64 col) const {
+    *dst = fetch<N>(row, col);
+  }
+  __device__ __forceinline__ DirectLoad<SRC, C> second() const { return DirectLoad<SRC, C>(h, ldh); }
+};
 
 // Two floats to a 16-bit pair in one instruction (cvt.rn.{f16,bf16}x2.f32, sm_80+), as the
 // 32-bit word holding lo at the lower address.
@@ -323,9 +369,41 @@ template <typename C, typename DST> struct DirectStore {
   }
 };
 
+// Affine STORE functor (layer_norm / rms_norm): y = v * weight[col] + bias[col], either
+// parameter optional (a null pointer; the test is uniform across the block). The parameters
+// have the output's storage type and are read as packs; they stay in L1/L2 across rows.
+template <typename C, typename DST> struct AffineStore {
+  DirectStore<C, DST> out;
+  const DST* weight;
+  const DST* bias;
+  __device__ AffineStore(DST* d, i64 l, const DST* w, const DST* b) : out(d, l), weight(w), bias(b) {}
+  template <int N> __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
+    // v * w + b in one rounding (fma); an absent parameter is w = 1 or b = 0.
+    C w[N], b[N], v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      w[i] = C(1);
+      b[i] = C(0);
+    }
+    if (weight != nullptr) {
+      const Pack<DST, N> p = load_pack<DST, N>(weight + col);
+#pragma unroll
+      for (int i = 0; i < N; ++i) w[i] = to_compute<C>(p.v[i]);
+    }
+    if (bias != nullptr) {
+      const Pack<DST, N> p = load_pack<DST, N>(bias + col);
+#pragma unroll
+      for (int i = 0; i < N; ++i) b[i] = to_compute<C>(p.v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = fma(src[i], w[i], b[i]);
+    out.template store<N>(v, row, col);
+  }
+};
+
 // ---------------------------------------------------------------------------------------
-// Reductions. Ops are tiny structs so one all-reduce template serves max, sum and the
-// online (max, sum) pair.
+// Reductions. An op is a tiny class R with R::apply(a, b) and R::identity(), so one all-reduce
+// template serves max and sum of any type.
 // max ignores a NaN operand (one instruction); a NaN in a row still reaches the result through
 // the sum of exponentials, exp(NaN - m) = NaN.
 template <typename C> struct MaxOp {
@@ -342,27 +420,27 @@ template <typename C> __device__ __forceinline__ C shfl_xor(C v, int mask, int w
 }
 
 // All-reduce over groups of GROUP consecutive lanes (GROUP a power of two <= 32).
-template <template <typename> class OP, typename C, int GROUP>
+template <class R, int GROUP, typename C>
 __device__ __forceinline__ C group_all_reduce(C v) {
 #pragma unroll
-  for (int mask = GROUP / 2; mask > 0; mask /= 2) v = OP<C>::apply(v, shfl_xor(v, mask, GROUP));
+  for (int mask = GROUP / 2; mask > 0; mask /= 2) v = R::apply(v, shfl_xor(v, mask, GROUP));
   return v;
 }
 
 // Block-wide all-reduce; blockDim.x is a multiple of 32 and at most 1024. `scratch` holds 33
-// values of C in shared memory. Ends with every thread holding the result; safe to call again
+// values in shared memory. Ends with every thread holding the result; safe to call again
 // right after (the trailing barrier protects scratch).
-template <template <typename> class OP, typename C>
+template <class R, typename C>
 __device__ __forceinline__ C block_all_reduce(C v, C* scratch) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
-  v = group_all_reduce<OP, C, 32>(v);
+  v = group_all_reduce<R, 32>(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    C w = lane < nwarps ? scratch[lane] : OP<C>::identity();
-    w = group_all_reduce<OP, C, 32>(w);
+    C w = lane < nwarps ? scratch[lane] : R::identity();
+    w = group_all_reduce<R, 32>(w);
     if (lane == 0) scratch[32] = w;
   }
   __syncthreads();
@@ -371,11 +449,16 @@ __device__ __forceinline__ C block_all_reduce(C v, C* scratch) {
   return r;
 }
 
-// Online softmax statistics: running max m and sum s of exp(x - m), with the exponential of
-// policy E. Merging two partial states rescales the sum of the smaller max, so one pass over
-// the data yields both. Special values follow NumPy: a NaN anywhere makes s NaN; an all -inf
-// row keeps m = -inf and s = 0 (the caller's exp(x - m) / s then gives NaN); +inf gives
-// exp(inf - inf) = NaN.
+// ---------------------------------------------------------------------------------------
+// Online statistics: states that fold a row in one pass and merge, for the paths that stream
+// a row instead of holding it. Each state type S offers init(), add<N>(values, nvalid),
+// S::combine(a, b), shfl_xor(mask, width) (the state of another lane) and read_peer<CLUSTER>
+// (the state of another block of the cluster); they share the all-reduces below.
+//
+// Online softmax: running max m and sum s of exp(x - m), with the exponential of policy E.
+// Merging two partial states rescales the sum of the smaller max. Special values follow NumPy:
+// a NaN anywhere makes s NaN; an all -inf row keeps m = -inf and s = 0 (the caller's
+// exp(x - m) / s then gives NaN); +inf gives exp(inf - inf) = NaN.
 template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
   C m, s;
   __device__ __forceinline__ void init() { m = -Math<C>::inf(); s = C(0); }
@@ -383,8 +466,8 @@ template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
   static __device__ __forceinline__ C term(C x, C m) {
     return x == -Math<C>::inf() ? C(0) : E::exp(x - m);
   }
-  // Fold N values: one rescale per chunk, one exp per value.
-  template <int N> __device__ __forceinline__ void add(const C* v) {
+  // Fold N values (padding is -inf, which adds 0): one rescale per chunk, one exp per value.
+  template <int N> __device__ __forceinline__ void add(const C* v, int = N) {
     C cm = v[0];
 #pragma unroll
     for (int i = 1; i < N; ++i) cm = MaxOp<C>::apply(cm, v[i]);
@@ -404,37 +487,123 @@ template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
     r.s = sa + sb;
     return r;
   }
+  __device__ __forceinline__ MaxSum shfl_xor(int mask, int width) const {
+    MaxSum o;
+    o.m = cunorm::shfl_xor(m, mask, width);
+    o.s = cunorm::shfl_xor(s, mask, width);
+    return o;
+  }
+  template <class CL> static __device__ __forceinline__ MaxSum read_peer(const MaxSum* local, unsigned peer) {
+    MaxSum o;
+    o.m = CL::read_peer(&local->m, peer);
+    o.s = CL::read_peer(&local->s, peer);
+    return o;
+  }
 };
 
-template <int GROUP, typename MS>
-__device__ __forceinline__ MS group_all_reduce_maxsum(MS v) {
+// Welford / Chan statistics: count n, mean and m2 = sum of squared deviations from the mean,
+// in the accumulator type A. A chunk of values is folded exactly (its own mean, then the
+// squared deviations from it, both from registers) and merged with Chan's update, so large
+// offsets (1e4 + N(0, 1)) never cancel: the variance is never formed as E[x^2] - E[x]^2.
+template <typename A> struct MeanM2 {
+  A n, mean, m2;
+  __device__ __forceinline__ void init() { n = A(0); mean = A(0); m2 = A(0); }
+  // Fold the first nvalid of N values.
+  template <int N, typename C> __device__ __forceinline__ void add(const C* v, int nvalid) {
+    if (nvalid <= 0) return;
+    A sum = A(0);
 #pragma unroll
-  for (int mask = GROUP / 2; mask > 0; mask /= 2) {
-    MS o;
-    o.m = shfl_xor(v.m, mask, GROUP);
-    o.s = shfl_xor(v.s, mask, GROUP);
-    v = MS::combine(v, o);
+    for (int i = 0; i < N; ++i) if (i < nvalid) sum += static_cast<A>(v[i]);
+    const A cn = static_cast<A>(nvalid);
+    const A cmean = sum * Math<A>::rcp(cn);
+    A cm2 = A(0);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const A d = static_cast<A>(v[i]) - cmean;
+      if (i < nvalid) cm2 = fma(d, d, cm2);
+    }
+    MeanM2 c;
+    c.n = cn;
+    c.mean = cmean;
+    c.m2 = cm2;
+    *this = combine(*this, c);
   }
+  static __device__ __forceinline__ MeanM2 combine(MeanM2 a, MeanM2 b) {
+    if (b.n == A(0)) return a;
+    if (a.n == A(0)) return b;
+    MeanM2 r;
+    r.n = a.n + b.n;
+    const A wb = b.n * Math<A>::rcp(r.n);  // b's share of the merged count
+    const A delta = b.mean - a.mean;
+    r.mean = fma(delta, wb, a.mean);
+    r.m2 = a.m2 + b.m2 + delta * delta * a.n * wb;
+    return r;
+  }
+  __device__ __forceinline__ MeanM2 shfl_xor(int mask, int width) const {
+    MeanM2 o;
+    o.n = cunorm::shfl_xor(n, mask, width);
+    o.mean = cunorm::shfl_xor(mean, mask, width);
+    o.m2 = cunorm::shfl_xor(m2, mask, width);
+    return o;
+  }
+  template <class CL> static __device__ __forceinline__ MeanM2 read_peer(const MeanM2* local, unsigned peer) {
+    MeanM2 o;
+    o.n = CL::read_peer(&local->n, peer);
+    o.mean = CL::read_peer(&local->mean, peer);
+    o.m2 = CL::read_peer(&local->m2, peer);
+    return o;
+  }
+};
+
+// Sum of squares (RMS norm): padding is 0, which adds 0.
+template <typename A> struct SumSq {
+  A s;
+  __device__ __forceinline__ void init() { s = A(0); }
+  template <int N, typename C> __device__ __forceinline__ void add(const C* v, int = N) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s = fma(static_cast<A>(v[i]), static_cast<A>(v[i]), s);
+  }
+  static __device__ __forceinline__ SumSq combine(SumSq a, SumSq b) {
+    SumSq r;
+    r.s = a.s + b.s;
+    return r;
+  }
+  __device__ __forceinline__ SumSq shfl_xor(int mask, int width) const {
+    SumSq o;
+    o.s = cunorm::shfl_xor(s, mask, width);
+    return o;
+  }
+  template <class CL> static __device__ __forceinline__ SumSq read_peer(const SumSq* local, unsigned peer) {
+    SumSq o;
+    o.s = CL::read_peer(&local->s, peer);
+    return o;
+  }
+};
+
+template <int GROUP, typename S>
+__device__ __forceinline__ S group_all_reduce_state(S v) {
+#pragma unroll
+  for (int mask = GROUP / 2; mask > 0; mask /= 2) v = S::combine(v, v.shfl_xor(mask, GROUP));
   return v;
 }
 
-// Block-wide (max, sum) all-reduce; `scratch` holds 33 MaxSum values.
-template <typename MS>
-__device__ __forceinline__ MS block_all_reduce_maxsum(MS v, MS* scratch) {
+// Block-wide all-reduce of an online state; `scratch` holds 33 states.
+template <typename S>
+__device__ __forceinline__ S block_all_reduce_state(S v, S* scratch) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
-  v = group_all_reduce_maxsum<32>(v);
+  v = group_all_reduce_state<32>(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    MS w;
+    S w;
     if (lane < nwarps) w = scratch[lane]; else w.init();
-    w = group_all_reduce_maxsum<32>(w);
+    w = group_all_reduce_state<32>(w);
     if (lane == 0) scratch[32] = w;
   }
   __syncthreads();
-  const MS r = scratch[32];
+  const S r = scratch[32];
   __syncthreads();
   return r;
 }
@@ -497,14 +666,29 @@ template <int CLUSTER> struct Cluster {
 // All-reduce of one value per block over the cluster's blocks (every thread gets the result).
 // `slot` is a __shared__ variable; two consecutive calls must use different slots: a block
 // rewrites a slot only after the next call's barrier, by which time every peer has read it.
-template <template <typename> class OP, int CLUSTER, typename C>
+template <class R, int CLUSTER, typename C>
 __device__ __forceinline__ C cluster_all_reduce(C v, C* slot) {
   if (CLUSTER == 1) return v;
   if (threadIdx.x == 0) *slot = v;
   Cluster<CLUSTER>::sync();
   C r = Cluster<CLUSTER>::read_peer(slot, 0);
 #pragma unroll
-  for (unsigned peer = 1; peer < CLUSTER; ++peer) r = OP<C>::apply(r, Cluster<CLUSTER>::read_peer(slot, peer));
+  for (unsigned peer = 1; peer < CLUSTER; ++peer) r = R::apply(r, Cluster<CLUSTER>::read_peer(slot, peer));
+  return r;
+}
+
+// The same for an online state; `slots` holds two states, used alternately by row parity
+// (a block rewrites one only after the next row's barrier, which every peer reaches after
+// reading it).
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S cluster_all_reduce_state(S v, S* slots, int parity) {
+  if (CLUSTER == 1) return v;
+  if (threadIdx.x == 0) slots[parity] = v;
+  Cluster<CLUSTER>::sync();
+  S r = S::template read_peer<Cluster<CLUSTER>>(&slots[parity], 0);
+#pragma unroll
+  for (unsigned peer = 1; peer < CLUSTER; ++peer)
+    r = S::combine(r, S::template read_peer<Cluster<CLUSTER>>(&slots[parity], peer));
   return r;
 }
 

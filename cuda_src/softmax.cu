@@ -1,10 +1,6 @@
-// softmax / log_softmax kernels over a (rows, cols) view, and over an (outer, dim, inner)
-// view for a non-last axis. Paths (chosen by cunorm/_dispatch.py):
-//   warp      a group of GROUP lanes holds ROWS rows in registers (cols <= warp limit)
-//   smem      one block (or a cluster of CLUSTER blocks, sm_90) caches a row in shared memory
-//   uncached  one block per row, two reads: online (max, sum) pass, then the write pass
-//   strided   (outer, dim, inner): a block owns an inner tile, reduces down `dim`
-// All take LOAD/STORE functors so fused variants reuse the same bodies.
+// softmax / log_softmax kernels over a (rows, cols) view (the shared row paths of rows.cuh
+// with the SoftmaxOp policy), and over an (outer, dim, inner) view for a non-last axis (the
+// strided path below). Paths are chosen by cunorm/_dispatch.py.
 namespace cunorm {
 
 // Per-row finishing constants. softmax: y = exp(x - m) / s; log_softmax: y = (x - m) - log s
@@ -30,293 +26,41 @@ template <typename C, typename OUT, bool LOG> struct SoftmaxOut {
     if (LOG) return (x - m) - k;
     return DivFor<C, OUT>::div(E::exp(x - m), s, k);
   }
-  // y from e = exp(x - m) already computed.
-  __device__ __forceinline__ C from_exp(C e) const { return DivFor<C, OUT>::div(e, s, k); }
+  // y from the value SoftmaxOp::second kept: exp(x - m) for softmax, x for log_softmax.
+  __device__ __forceinline__ C kept(C v) const {
+    return LOG ? (*this)(v) : DivFor<C, OUT>::div(v, s, k);
+  }
 };
 
-// Values a thread loads before using the first one, in the block-per-row paths: enough bytes
-// in flight per thread to cover memory latency, few enough registers for 512-thread blocks.
-constexpr int kUnrollValues = 16;
-
-// ---------------------------------------------------------------------------------------
-// Warp path. Launch: 1-D block of blockDim.x threads (a multiple of 32), GROUP lanes per
-// row group, ROWS rows per group per step; grid-stride over row groups. COLS values per
-// thread; packs past `cols` are padding (one compare per pack, cheaper than a second
-// instantiation of every configuration). The row stays in registers, so the classic two
-// reductions (max, then sum) cost shuffles only and each element is exponentiated once.
-template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int COLS,
-          int GROUP, int ROWS>
-__device__ __forceinline__ void softmax_warp_impl(const LOAD& load, const STORE& store, i64 rows,
-                                                  i64 cols) {
-  static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
-  typedef ExpFor<C, OUT> E;
+// The softmax policy of the row paths (rows.cuh): the max, then the sum of exp(x - max) in
+// AccFor (double for a float32 output: as accurate as PyTorch or better). softmax keeps each
+// exponential, so every element is exponentiated once; a padding slot is -inf, whose
+// exponential adds exactly 0.
+template <typename C_, typename OUT, bool LOG> struct SoftmaxOp {
+  typedef C_ C;
   typedef typename AccFor<C, OUT>::type A;
-  constexpr int NPACK = COLS / PACK;
-  constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
-  const int lane = threadIdx.x % GROUP;
-  const int group_in_warp = (threadIdx.x % 32) / GROUP;
-  const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const i64 step = static_cast<i64>(gridDim.x) * blockDim.x / 32 * ROWS_PER_WARP;
-  C buf[ROWS][COLS];
-  // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
-  // past the end are masked instead.
-  for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
-    const i64 row0 = base + group_in_warp * ROWS;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int p = 0; p < NPACK; ++p) {
-        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
-        if (row0 + r < rows && col < cols) {
-          load.template load<PACK>(buf[r] + p * PACK, row0 + r, col);
-        } else {
-#pragma unroll
-          for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = -Math<C>::inf();
-        }
-      }
-    }
-    C m[ROWS];
-    A s[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      m[r] = buf[r][0];
-#pragma unroll
-      for (int i = 1; i < COLS; ++i) m[r] = MaxOp<C>::apply(m[r], buf[r][i]);
-      m[r] = group_all_reduce<MaxOp, C, GROUP>(m[r]);
-    }
-    // A padded or all -inf row has m = -inf: exp(-inf - -inf) = NaN, the NumPy answer.
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      s[r] = A(0);
-#pragma unroll
-      for (int i = 0; i < COLS; ++i) {
-        const C e = E::exp(buf[r][i] - m[r]);
-        if (!LOG) buf[r][i] = e;
-        s[r] += e;
-      }
-      s[r] = group_all_reduce<SumOp, A, GROUP>(s[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const i64 row = row0 + r;
-      if (row >= rows) break;
-      const SoftmaxOut<C, OUT, LOG> fin(m[r], s[r]);
-#pragma unroll
-      for (int i = 0; i < COLS; ++i) buf[r][i] = LOG ? fin(buf[r][i]) : fin.from_exp(buf[r][i]);
-#pragma unroll
-      for (int p = 0; p < NPACK; ++p) {
-        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
-        if (col < cols) store.template store<PACK>(buf[r] + p * PACK, row, col);
-      }
-    }
+  typedef C S1;
+  typedef MaxOp<C> R1;
+  typedef MaxSum<C, ExpFor<C, OUT>> Online;
+  typedef SoftmaxOut<C, OUT, LOG> Fin;
+  static constexpr bool kFirst = true;
+  static constexpr bool kPadSafe = true;
+  // With float32/float64 input the cached raw packs can hold the exponentials: the write pass
+  // then only divides (one exp per element instead of two).
+  template <typename R> struct Keeps { static constexpr bool value = !LOG && IsSame<R, C>::value; };
+  static __device__ __forceinline__ C pad() { return -Math<C>::inf(); }
+  __device__ __forceinline__ C first(C m, C x) const { return MaxOp<C>::apply(m, x); }
+  __device__ __forceinline__ C middle(C m, i64) const { return m; }
+  // A padded or all -inf row has m = -inf: exp(-inf - -inf) = NaN, the NumPy answer.
+  __device__ __forceinline__ A second(C& v, C m) const {
+    const C e = ExpFor<C, OUT>::exp(v - m);
+    if (!LOG) v = e;
+    return e;
   }
-}
-
-// ---------------------------------------------------------------------------------------
-// Block-register path: the row lives in the registers of a whole block (COLS values per
-// thread, packs strided by blockDim.x), as the warp path keeps it in one warp's; the two
-// reductions go through shared memory. For rows too long for a warp and short enough that
-// each of up to 1024 threads holds a few dozen values: one read, one exp per element.
-template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int COLS>
-__device__ __forceinline__ void softmax_block_impl(const LOAD& load, const STORE& store, i64 rows,
-                                                   i64 cols) {
-  static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
-  typedef ExpFor<C, OUT> E;
-  typedef typename AccFor<C, OUT>::type A;
-  constexpr int NPACK = COLS / PACK;
-  __shared__ C scratch[33];
-  __shared__ A scratch_sum[33];
-  C buf[COLS];
-  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-#pragma unroll
-    for (int p = 0; p < NPACK; ++p) {
-      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
-      if (col < cols) {
-        load.template load<PACK>(buf + p * PACK, row, col);
-      } else {
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) buf[p * PACK + i] = -Math<C>::inf();
-      }
-    }
-    C m = buf[0];
-#pragma unroll
-    for (int i = 1; i < COLS; ++i) m = MaxOp<C>::apply(m, buf[i]);
-    m = block_all_reduce<MaxOp, C>(m, scratch);
-    A s = A(0);
-#pragma unroll
-    for (int i = 0; i < COLS; ++i) {
-      const C e = E::exp(buf[i] - m);
-      if (!LOG) buf[i] = e;
-      s += e;
-    }
-    s = block_all_reduce<SumOp, A>(s, scratch_sum);
-    const SoftmaxOut<C, OUT, LOG> fin(m, s);
-#pragma unroll
-    for (int i = 0; i < COLS; ++i) buf[i] = LOG ? fin(buf[i]) : fin.from_exp(buf[i]);
-#pragma unroll
-    for (int p = 0; p < NPACK; ++p) {
-      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
-      if (col < cols) store.template store<PACK>(buf + p * PACK, row, col);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------
-// Shared-memory path: a cluster of CLUSTER blocks per row (CLUSTER == 1: one block), each
-// caching its slice of the row in shared memory as raw input packs, moved there by cp.async
-// (no registers, every pack of the slice in flight at once). Statistics in two passes (max,
-// then the sum of exp(x - max)) as PyTorch does, so the float32 result is as accurate.
-// Dynamic shared memory: ceil(cols / PACK / CLUSTER) * PACK * sizeof(raw_t). Launched with one
-// block (cluster) per row: measured faster on H200 than a persistent grid double-buffering the
-// next row (benchmarks/results/thresholds-*.md).
-template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int CLUSTER>
-__device__ __forceinline__ void softmax_smem_impl(const LOAD& load, const STORE& store, i64 rows,
-                                                  i64 cols) {
-  typedef typename LOAD::raw_t R;
-  typedef Pack<R, PACK> RawPack;
-  typedef ExpFor<C, OUT> E;
-  typedef typename AccFor<C, OUT>::type A;
-  // With float32/float64 input the exponentials overwrite the cached inputs in place and the
-  // write pass only divides: one exp per element instead of two.
-  constexpr bool KEEP_EXP = !LOG && IsSame<R, C>::value;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ C scratch[33];
-  __shared__ A scratch_sum[33];
-  __shared__ C max_slot;  // this block's partial max / sum, read by the cluster's peers
-  __shared__ A sum_slot;
-  const i64 npacks = cols / PACK;
-  const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
-  const unsigned rank = Cluster<CLUSTER>::rank();
-  const i64 pack_begin = rank * packs_per_block;
-  const i64 pack_end = min(npacks, pack_begin + packs_per_block);
-  const int step = blockDim.x;
-  const i64 nclusters = gridDim.x / CLUSTER;
-  RawPack* const cache = reinterpret_cast<RawPack*>(smem_raw);
-  // Each thread copies, reads and writes the same packs: its own cp.async wait makes them
-  // visible to it, no block barrier is needed for the data.
-  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters) {
-    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
-      copy_async<sizeof(RawPack)>(cache + (p - pack_begin), load.address(row, p * PACK));
-    copy_async_commit();
-    copy_async_wait<0>();
-    C tmax = -Math<C>::inf();
-    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
-      C v[PACK];
-      load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
-#pragma unroll
-      for (int i = 0; i < PACK; ++i) tmax = MaxOp<C>::apply(tmax, v[i]);
-    }
-    const C m = cluster_all_reduce<MaxOp, CLUSTER>(block_all_reduce<MaxOp, C>(tmax, scratch),
-                                                   &max_slot);
-    A tsum = A(0);
-    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
-      C v[PACK];
-      load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
-#pragma unroll
-      for (int i = 0; i < PACK; ++i) {
-        v[i] = E::exp(v[i] - m);
-        tsum += v[i];
-      }
-      if constexpr (KEEP_EXP) {
-        RawPack e;
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) e.v[i] = v[i];
-        cache[p - pack_begin] = e;
-      }
-    }
-    const A s = cluster_all_reduce<SumOp, CLUSTER>(block_all_reduce<SumOp, A>(tsum, scratch_sum),
-                                                   &sum_slot);
-    const SoftmaxOut<C, OUT, LOG> fin(m, s);
-    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
-      C v[PACK];
-      if constexpr (KEEP_EXP) {
-        const RawPack e = cache[p - pack_begin];
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) v[i] = fin.from_exp(e.v[i]);
-      } else {
-        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
-      }
-      store.template store<PACK>(v, row, p * PACK);
-    }
-  }
-  // No block may leave while a peer can still read its `slots`.
-  if (CLUSTER > 1) Cluster<CLUSTER>::sync();
-}
-
-// ---------------------------------------------------------------------------------------
-// Uncached path: rows of any length, read twice: an online (max, sum) pass, then the write
-// pass, which finds the row in L2 as long as the rows in flight fit there. On sm_90 a cluster
-// of CLUSTER blocks shares a row (each streams its slice; the partial statistics meet through
-// distributed shared memory), so few rows are in flight and the second read hits L2.
-template <typename LOAD, typename STORE, typename C, typename OUT, bool LOG, int PACK, int CLUSTER>
-__device__ __forceinline__ void softmax_uncached_impl(const LOAD& load, const STORE& store,
-                                                      i64 rows, i64 cols) {
-  typedef MaxSum<C, ExpFor<C, OUT>> MS;
-  constexpr int kUnroll = kUnrollValues / PACK;
-  __shared__ MS scratch[33];
-  __shared__ C slot_m[2];  // this block's partial statistics, by row parity, for the peers
-  __shared__ C slot_s[2];
-  const i64 npacks = cols / PACK;
-  const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
-  const i64 pack_begin = Cluster<CLUSTER>::rank() * packs_per_block;
-  const i64 pack_end = min(npacks, pack_begin + packs_per_block);
-  const int step = blockDim.x;
-  int parity = 0;
-  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += gridDim.x / CLUSTER, parity ^= 1) {
-    MS st;
-    st.init();
-    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
-      C v[kUnroll][PACK];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < pack_end) {
-          load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
-        } else {
-#pragma unroll
-          for (int i = 0; i < PACK; ++i) v[u][i] = -Math<C>::inf();  // adds exactly 0
-        }
-      }
-      st.template add<kUnroll * PACK>(&v[0][0]);  // one rescale per chunk
-    }
-    st = block_all_reduce_maxsum(st, scratch);
-    if (CLUSTER > 1) {
-      // Slots alternate by row: a block rewrites one only after the next row's barrier, which
-      // every peer reaches after reading it.
-      if (threadIdx.x == 0) {
-        slot_m[parity] = st.m;
-        slot_s[parity] = st.s;
-      }
-      Cluster<CLUSTER>::sync();
-      st.init();
-#pragma unroll
-      for (unsigned peer = 0; peer < CLUSTER; ++peer) {
-        MS o;
-        o.m = Cluster<CLUSTER>::read_peer(&slot_m[parity], peer);
-        o.s = Cluster<CLUSTER>::read_peer(&slot_s[parity], peer);
-        st = MS::combine(st, o);
-      }
-    }
-    const SoftmaxOut<C, OUT, LOG> fin = SoftmaxOut<C, OUT, LOG>::from(st);
-    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
-      C v[kUnroll][PACK];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < pack_end) load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < pack_end) {
-#pragma unroll
-          for (int i = 0; i < PACK; ++i) v[u][i] = fin(v[u][i]);
-          store.template store<PACK>(v[u], row, (p0 + u * step) * PACK);
-        }
-      }
-    }
-  }
-  if (CLUSTER > 1) Cluster<CLUSTER>::sync();  // peers may still read this block's slots
-}
+  __device__ __forceinline__ Fin finish(C m, A s, i64) const { return Fin(m, s); }
+  __device__ __forceinline__ Fin finish_online(const Online& st, i64) const { return Fin::from(st); }
+  __device__ __forceinline__ void write_stats(i64, const Fin&) const {}
+};
 
 // ---------------------------------------------------------------------------------------
 // Strided path for a non-last axis: x viewed as (outer, dim, inner) with strides
@@ -457,56 +201,47 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 }
 
 // ---------------------------------------------------------------------------------------
-// Entry points: plain pointers and strides in, functors built here.
+// Entry points: plain pointers and strides in; policy and functors built here. C is the wider
+// of the input's and the output's compute types.
+#define CUNORM_SOFTMAX_ROWS(BODY)                                                              \
+  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C; \
+  BODY(SoftmaxOp<C, DST, LOG>(), DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols)
+
 template <typename SRC, typename DST, bool LOG, int PACK, int COLS, int GROUP, int ROWS>
 __global__ void __launch_bounds__(128, 4) softmax_warp(const SRC* x, DST* y, i64 rows, i64 cols,
                                                     i64 ldx, i64 ldy) {
-  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_warp_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, COLS, GROUP, ROWS>(
-      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+  CUNORM_SOFTMAX_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>));
 }
 
 template <typename SRC, typename DST, bool LOG, int PACK, int COLS>
 __global__ void __launch_bounds__(512) softmax_block(const SRC* x, DST* y, i64 rows, i64 cols,
                                                      i64 ldx, i64 ldy) {
-  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_block_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, COLS>(
-      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+  CUNORM_SOFTMAX_ROWS((rows_block<PACK, COLS>));
 }
 
 template <typename SRC, typename DST, bool LOG, int PACK>
 __global__ void __launch_bounds__(512, 1) softmax_smem(const SRC* x, DST* y, i64 rows, i64 cols,
                                                      i64 ldx, i64 ldy) {
-  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, 1>(
-      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+  CUNORM_SOFTMAX_ROWS((rows_smem<PACK, 1>));
+}
+
+template <typename SRC, typename DST, bool LOG, int PACK>
+__global__ void __launch_bounds__(512, 1) softmax_uncached(const SRC* x, DST* y, i64 rows, i64 cols,
+                                                         i64 ldx, i64 ldy) {
+  CUNORM_SOFTMAX_ROWS((rows_uncached<PACK, 1>));
 }
 
 #ifdef CUNORM_SM90
 template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
     softmax_smem_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
-  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_smem_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER>(
-      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
-}
-#endif
-
-template <typename SRC, typename DST, bool LOG, int PACK>
-__global__ void __launch_bounds__(512, 1) softmax_uncached(const SRC* x, DST* y, i64 rows, i64 cols,
-                                                         i64 ldx, i64 ldy) {
-  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_uncached_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, 1>(
-      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+  CUNORM_SOFTMAX_ROWS((rows_smem<PACK, CLUSTER>));
 }
 
-#ifdef CUNORM_SM90
 template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
     softmax_uncached_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
-  typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_uncached_impl<DirectLoad<SRC, C>, DirectStore<C, DST>, C, DST, LOG, PACK, CLUSTER>(
-      DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols);
+  CUNORM_SOFTMAX_ROWS((rows_uncached<PACK, CLUSTER>));
 }
 #endif
 

@@ -6,8 +6,9 @@ touches the GPU or compiles anything.
 """
 
 from ._config import show_config
+from .norm import layer_norm, rms_norm
 from .softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
 
-__all__ = ["softmax", "log_softmax", "show_config", "__version__"]
+__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "show_config", "__version__"]

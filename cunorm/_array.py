@@ -196,13 +196,34 @@ def axes_block(axes: tuple[int, ...]) -> tuple[int, int] | None:
 
 
 # --- outputs ----------------------------------------------------------------------------
+def check_kind(arr: object, kind: str, fname: str, argname: str) -> None:
+    """``arr`` must be an array of the same kind as x (``kind``)."""
+    arr_kind = array_kind(arr, fname, argname)
+    if arr_kind != kind:
+        raise TypeError(f"{fname}(): {argname} is a {arr_kind} array but x is a {kind} array; "
+                        "they must be the same kind")
+
+
+def check_operand(arr: object, kind: str, shape: tuple[int, ...], dtype_name_: str,
+                  fname: str, argname: str) -> None:
+    """An input array beside x (weight, bias, residual): same kind, then ``shape`` and
+    ``dtype_name_`` exactly."""
+    check_kind(arr, kind, fname, argname)
+    if tuple(arr.shape) != tuple(shape):
+        raise ValueError(f"{fname}(): {argname} has shape {tuple(arr.shape)}; expected "
+                         f"{tuple(shape)}")
+    name = str(arr.dtype).replace("torch.", "")
+    if kind in ("cupy", "numpy"):
+        name = dtype_name(arr.dtype)
+    if name != dtype_name_:
+        raise TypeError(f"{fname}(): {argname} has dtype {name}; expected {dtype_name_} "
+                        "(the dtype of x)")
+
+
 def check_out(out: object, kind: str, shape: tuple[int, ...], dtype_name_: str,
               fname: str) -> None:
     """Validate ``out=`` against the expected result (kind, shape, dtype)."""
-    out_kind = array_kind(out, fname, "out")
-    if out_kind != kind:
-        raise TypeError(f"{fname}(): out is a {out_kind} array but x is a {kind} array; "
-                        "they must be the same kind")
+    check_kind(out, kind, fname, "out")
     if kind == "jax":
         raise TypeError(f"{fname}(): out= is not supported for jax.Array inputs "
                         "(JAX arrays are immutable)")
@@ -286,13 +307,21 @@ def memory_span(arr) -> tuple[int, int]:
     return lo, hi + arr.itemsize
 
 
-def align_elems(ptr: int, itemsize: int, *strides: int) -> int:
-    """Largest power-of-two element count (<= 16) dividing the pointer's element offset and
-    every element stride: the widest vector pack this operand allows."""
-    a = 16
-    bytes_ = ptr & -ptr if ptr else 1 << 30
-    a = min(a, max(1, bytes_ // itemsize))
+def pack_alignment(operands: tuple[tuple[int, int], ...], strides: tuple[int, ...]) -> int:
+    """Widest pack (elements, a power of two <= 16) that every operand and every element
+    stride allows: each ``(pointer, itemsize)`` operand's element offset and each stride must
+    be a multiple of it.
+
+    Examples
+    --------
+    >>> pack_alignment(((0x1000, 2), (0x2008, 4)), (1024,))
+    2
+    """
+    bits = 16
+    for ptr, itemsize in operands:
+        if ptr % itemsize:
+            return 1
+        bits |= ptr // itemsize
     for s in strides:
-        if s:
-            a = min(a, abs(s) & -abs(s))
-    return a
+        bits |= abs(s)
+    return bits & -bits

@@ -40,10 +40,13 @@ CTYPE = {"float16": "cunorm::half_t", "bfloat16": "cunorm::bf16_t", "float32": "
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 ROW_PATHS = ("warp", "block", "smem", "cluster", "uncached")
+SOFTMAX_OPS = ("softmax", "log_softmax")
+NORM_OPS = ("layer_norm", "rms_norm")
 STRIDED_PATHS = ("strided-cached", "strided")
 
-#: (input, output) dtype pairs with kernels of their own; other ``dtype=`` requests are served
-#: by casting the input up (or the result down) around one of these (see softmax.py).
+#: (input, output) dtype pairs with softmax kernels of their own; other ``dtype=`` requests are
+#: served by casting the input up (or the result down) around one of these (see softmax.py).
+#: The norms have no ``dtype=``: their output has the input's dtype.
 KERNEL_DTYPE_PAIRS = (("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
                       ("bfloat16", "float32"), ("float32", "float32"), ("float64", "float64"))
 
@@ -63,7 +66,15 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
 BLOCK_TARGET_VALUES = 16
 BLOCK_THREADS = (128, 256, 512)
+NORM_BLOCK_THREADS = (128, 256)  # = __launch_bounds__(256) of norm_block (norm.cu)
 BLOCK_MAX_VALUES = {4: 24, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
+# The norm kernels keep more per value (the weight and bias of each pack at the affine store,
+# the x, residual and x + r addresses of the residual variant): with more values per thread
+# than these (warp and block paths alike) ptxas spills under the 128-register cap of the
+# launch bounds (measured with nvcc 13 for sm_80 and sm_90; tests/test_nvcc.py checks every
+# instantiation). Scalar packs cost an address per value, hence their lower cap.
+NORM_MAX_VALUES = {4: 24, 8: 16}
+NORM_MAX_VALUES_SCALAR = {4: 16, 8: 8}
 # Packs per thread the block path may use (a coarser set than the warp path's: fewer
 # instantiations, and each one compiles without spills on sm_80 and sm_90).
 BLOCK_PACKS_PER_THREAD = (1, 2, 3, 4, 6, 8, 12, 16, 24)
@@ -158,6 +169,38 @@ def forced_path() -> str | None:
     return _FORCED.get()
 
 
+# --- kernel names -----------------------------------------------------------------------
+def kernel_file(name: str) -> str:
+    """Source file under ``cuda_src/`` defining kernel ``name``."""
+    return "norm.cu" if name.startswith("cunorm::norm_") else "softmax.cu"
+
+
+def kernel_head(op: str, src: str, dst: str, residual: bool = False) -> tuple[str, str]:
+    """(kernel family, leading template arguments) of ``op``'s row kernels.
+
+    softmax family: ``cunorm::softmax_<path><SRC, DST, LOG, ...>``; norms:
+    ``cunorm::norm_<path><SRC, RMS, RESIDUAL, ...>``. Raises ``ValueError`` for an op or dtype
+    pair without kernels.
+    """
+    if op in SOFTMAX_OPS:
+        if (src, dst) not in KERNEL_DTYPE_PAIRS:
+            raise ValueError(f"no kernel for {src} -> {dst}; expected one of "
+                             f"{KERNEL_DTYPE_PAIRS}")
+        if residual:
+            raise ValueError(f"{op} has no residual variant")
+        return "softmax", f"{CTYPE[src]}, {CTYPE[dst]}, {_cbool(op == 'log_softmax')}"
+    if op in NORM_OPS:
+        if src not in CTYPE or dst != src:
+            raise ValueError(f"no {op} kernel for {src} -> {dst}; the output has the input's "
+                             "dtype")
+        return "norm", f"{CTYPE[src]}, {_cbool(op == 'rms_norm')}, {_cbool(residual)}"
+    raise ValueError(f"unknown op {op!r}; expected one of {SOFTMAX_OPS + NORM_OPS}")
+
+
+def _cbool(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
 # --- helpers ----------------------------------------------------------------------------
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -195,30 +238,39 @@ def pick_block(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int]:
 
 
 # --- row-wise (rows, cols) --------------------------------------------------------------
-def warp_config(cols: int, pack: int, cbytes: int) -> tuple[int, int, int] | None:
+def value_cap(family: str, path: str, cbytes: int, pack: int) -> int:
+    """Most row values one thread may hold on the ``"warp"`` or ``"block"`` path."""
+    if family == "norm":
+        return (NORM_MAX_VALUES_SCALAR if pack == 1 else NORM_MAX_VALUES)[cbytes]
+    return (WARP_MAX_VALUES_PER_THREAD if path == "warp" else BLOCK_MAX_VALUES)[cbytes]
+
+
+def warp_config(cols: int, pack: int, cbytes: int,
+                family: str = "softmax") -> tuple[int, int, int] | None:
     """(values per thread, group width, rows per group) for the warp path, or None if the
-    row does not fit in registers."""
+    row does not fit in registers (:func:`value_cap`)."""
     if cols <= 32 * pack:
         group = max(1, _next_pow2(_cdiv(cols, pack)))
         # tiny rows: two rows per group, so a warp keeps as many loads in flight
         return pack, group, (2 if group < 32 else 1)
     need = _cdiv(_cdiv(cols, 32), pack)
     k = next((k for k in WARP_PACKS_PER_THREAD if k >= need), None)
-    if k is None or k * pack > WARP_MAX_VALUES_PER_THREAD[cbytes]:
+    if k is None or k * pack > value_cap(family, "warp", cbytes, pack):
         return None
     return k * pack, 32, 1
 
 
-def block_config(cols: int, pack: int, cbytes: int) -> tuple[int, int] | None:
+def block_config(cols: int, pack: int, cbytes: int,
+                 family: str = "softmax") -> tuple[int, int] | None:
     """(threads, values per thread) for the block-register path, or None if the row does not
     fit in 512 threads' registers. Least padding first (idle lanes cost bandwidth: cols=3000
     fp16 on 256 threads x 16 values ran at 80% of copy), then values per thread nearest
     BLOCK_TARGET_VALUES."""
     best = None
-    for threads in BLOCK_THREADS:
+    for threads in NORM_BLOCK_THREADS if family == "norm" else BLOCK_THREADS:
         need = _cdiv(_cdiv(cols, threads), pack)
         k = next((k for k in BLOCK_PACKS_PER_THREAD if k >= need), None)
-        if k is None or k * pack > BLOCK_MAX_VALUES[cbytes]:
+        if k is None or k * pack > value_cap(family, "block", cbytes, pack):
             continue
         waste = threads * k * pack - cols
         key = (waste > cols // 8, waste if waste > cols // 8 else 0,
@@ -229,13 +281,14 @@ def block_config(cols: int, pack: int, cbytes: int) -> tuple[int, int] | None:
 
 
 def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: int,
-              props: DeviceProps, occ: Occupancy, force: str | None = None) -> LaunchPlan:
-    """Plan a row-wise launch (softmax family) over a (rows, cols) view.
+              props: DeviceProps, occ: Occupancy, force: str | None = None,
+              residual: bool = False) -> LaunchPlan:
+    """Plan a row-wise launch over a (rows, cols) view.
 
     Parameters
     ----------
     op : str
-        ``"softmax"`` or ``"log_softmax"``.
+        ``"softmax"``, ``"log_softmax"``, ``"layer_norm"`` or ``"rms_norm"``.
     src, dst : str
         Input and output dtype names (``"float16"``, ``"bfloat16"``, ``"float32"``,
         ``"float64"``).
@@ -249,6 +302,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         Occupancy oracle.
     force : str, optional
         Path to force (one of ``ROW_PATHS``).
+    residual : bool
+        Norms only: the fused residual variant (normalizes and writes x + r).
 
     Returns
     -------
@@ -261,46 +316,46 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
     >>> plan_rows("softmax", "float32", "float32", 4096, 512, 4, h100,
     ...           lambda k, b, s: 2048 // b).path
     'warp'
+    >>> plan_rows("layer_norm", "float16", "float16", 4096, 8192, 8, h100,
+    ...           lambda k, b, s: 2048 // b).kernel
+    'cunorm::norm_smem<cunorm::half_t, false, false, 8>'
     """
-    if (src, dst) not in KERNEL_DTYPE_PAIRS:
-        raise ValueError(f"no kernel for {src} -> {dst}; expected one of {KERNEL_DTYPE_PAIRS}")
+    family, head = kernel_head(op, src, dst, residual)
     # The pack moves PACK inputs and PACK outputs: the wider side bounds it to 16 bytes.
     pack = max_pack(cols, max(ITEMSIZE[src], ITEMSIZE[dst]), align_elems)
     cbytes = compute_bytes(src, dst)
-    log = "true" if op == "log_softmax" else "false"
-    head = f"{CTYPE[src]}, {CTYPE[dst]}, {log}"
 
     path = force
     if path is None:
-        path = _choose_row_path(src, cols, pack, cbytes, props)
+        path = _choose_row_path(family, src, cols, pack, cbytes, props)
     if path == "warp":
-        cfg = warp_config(cols, pack, cbytes)
+        cfg = warp_config(cols, pack, cbytes, family)
         if cfg is None:
             raise ValueError(f"path 'warp' cannot hold cols={cols} in registers")
         per_thread, group, rows_per_group = cfg
-        name = f"cunorm::softmax_warp<{head}, {pack}, {per_thread}, {group}, {rows_per_group}>"
+        name = f"cunorm::{family}_warp<{head}, {pack}, {per_thread}, {group}, {rows_per_group}>"
         per_sm = max(1, occ(name, WARP_BLOCK, 0))
         rows_per_block = WARP_BLOCK // group * rows_per_group
         grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
     if path == "block":
-        cfg = block_config(cols, pack, cbytes)
+        cfg = block_config(cols, pack, cbytes, family)
         if cfg is None:
             raise ValueError(f"path 'block' cannot hold cols={cols} in registers")
         threads, per_thread = cfg
-        name = f"cunorm::softmax_block<{head}, {pack}, {per_thread}>"
+        name = f"cunorm::{family}_block<{head}, {pack}, {per_thread}>"
         per_sm = max(1, occ(name, threads, 0))
         return LaunchPlan("block", name, min(rows, MAX_GRID), threads, 0)
     if path in ("smem", "cluster"):
-        return _plan_smem(head, src, rows, cols, pack, props, occ, path == "cluster")
+        return _plan_smem(family, head, src, rows, cols, pack, props, occ, path == "cluster")
     if path == "uncached":
-        name = f"cunorm::softmax_uncached<{head}, {pack}>"
+        name = f"cunorm::{family}_uncached<{head}, {pack}>"
         per_sm = max(1, occ(name, UNCACHED_BLOCK, 0))
         cluster = _uncached_cluster(cols * ITEMSIZE[src], props)
         if cluster == 1:
             return LaunchPlan("uncached", name, min(rows, props.sm_count * per_sm),
                               UNCACHED_BLOCK, 0)
-        name = f"cunorm::softmax_uncached_cluster<{head}, {pack}, {cluster}>"
+        name = f"cunorm::{family}_uncached_cluster<{head}, {pack}, {cluster}>"
         return LaunchPlan("uncached", name, min(rows, MAX_GRID // cluster) * cluster,
                           UNCACHED_BLOCK, 0)
     raise ValueError(f"unknown row path {path!r}; expected one of {ROW_PATHS}")
@@ -325,11 +380,12 @@ def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
     return fitting[-1] if fitting else None
 
 
-def _choose_row_path(src: str, cols: int, pack: int, cbytes: int, props: DeviceProps) -> str:
+def _choose_row_path(family: str, src: str, cols: int, pack: int, cbytes: int,
+                     props: DeviceProps) -> str:
     isz = ITEMSIZE[src]
-    if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes) is not None:
+    if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family) is not None:
         return "warp"
-    if cols <= BLOCK_MAX_COLS[isz] and block_config(cols, pack, cbytes) is not None:
+    if cols <= BLOCK_MAX_COLS[isz] and block_config(cols, pack, cbytes, family) is not None:
         return "block"
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:
@@ -349,8 +405,8 @@ def _uncached_cluster(row_bytes: int, props: DeviceProps) -> int:
                 CLUSTER_SIZES[-1])
 
 
-def _plan_smem(head: str, src: str, rows: int, cols: int, pack: int, props: DeviceProps,
-               occ: Occupancy, want_cluster: bool) -> LaunchPlan:
+def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int,
+               props: DeviceProps, occ: Occupancy, want_cluster: bool) -> LaunchPlan:
     if want_cluster and not props.has_clusters:
         raise ValueError(f"path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
     cfg = smem_config(cols, pack, ITEMSIZE[src], props, CLUSTER_SIZES if want_cluster else (1,))
@@ -359,13 +415,13 @@ def _plan_smem(head: str, src: str, rows: int, cols: int, pack: int, props: Devi
         raise ValueError(f"path {path!r} cannot cache cols={cols} of {src} in shared memory")
     cluster, smem = cfg
     # Occupancy is asked of the cluster-free kernel: same registers and shared memory per block.
-    base_name = f"cunorm::softmax_smem<{head}, {pack}>"
+    base_name = f"cunorm::{family}_smem<{head}, {pack}>"
     block, per_sm = pick_block(base_name, smem, occ)
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
     if cluster == 1:
         return LaunchPlan("smem", base_name, min(rows, MAX_GRID), block, smem)
-    name = f"cunorm::softmax_smem_cluster<{head}, {pack}, {cluster}>"
+    name = f"cunorm::{family}_smem_cluster<{head}, {pack}, {cluster}>"
     return LaunchPlan("cluster", name, min(rows, MAX_GRID // cluster) * cluster, block, smem)
 
 
@@ -391,13 +447,12 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     >>> p.path, p.tx_count
     ('strided-cached', 128)
     """
-    if (src, dst) not in KERNEL_DTYPE_PAIRS:
-        raise ValueError(f"no kernel for {src} -> {dst}; expected one of {KERNEL_DTYPE_PAIRS}")
+    if op not in SOFTMAX_OPS:
+        raise ValueError(f"no strided kernel for {op}; expected one of {SOFTMAX_OPS}")
+    _, head = kernel_head(op, src, dst)
     isz = ITEMSIZE[src]
     pack = max_pack(inner, max(isz, ITEMSIZE[dst]), align_elems)
     cbytes = compute_bytes(src, dst)
-    log = "true" if op == "log_softmax" else "false"
-    head = f"{CTYPE[src]}, {CTYPE[dst]}, {log}"
     max_tx = min(STRIDED_MAX_TX, _next_pow2(_cdiv(inner, pack)))
     tx_min = min(max_tx, max(1, STRIDED_MIN_TILE_BYTES // (pack * isz)))
     tx_want = STRIDED_BLOCK // min(STRIDED_BLOCK, _next_pow2(_cdiv(dim, STRIDED_ROWS_PER_THREAD)))
@@ -428,38 +483,44 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
 
 
 # --- every instantiation ----------------------------------------------------------------
+def _row_heads() -> list[tuple[str, str, str, int, int]]:
+    """(family, head, pack item size, compute bytes, packs) of every row-kernel head."""
+    out = []
+    for src, dst in KERNEL_DTYPE_PAIRS:
+        for op in SOFTMAX_OPS:
+            out.append((*kernel_head(op, src, dst), max(ITEMSIZE[src], ITEMSIZE[dst]),
+                        compute_bytes(src, dst)))
+    for src in CTYPE:
+        for op in NORM_OPS:
+            for residual in (False, True):
+                out.append((*kernel_head(op, src, src, residual), ITEMSIZE[src],
+                            compute_bytes(src, src)))
+    return out
+
+
 def all_kernel_names(arch: int) -> list[str]:
     """Every kernel name the planners above can emit for compute capability ``arch``, forced
     paths included (nvcc compile test, ``python -m cunorm.precompile``)."""
     names: set[str] = set()
-    for src, dst in KERNEL_DTYPE_PAIRS:
-        isz = max(ITEMSIZE[src], ITEMSIZE[dst])
-        cbytes = compute_bytes(src, dst)
-        packs = [p for p in (1, 2, 4, 8) if p * isz <= 16]
-        for op in ("softmax", "log_softmax"):
-            log = "true" if op == "log_softmax" else "false"
-            head = f"{CTYPE[src]}, {CTYPE[dst]}, {log}"
-            for pack in packs:
-                for cols in range(pack, 64 * pack * 32 + 1, pack):
-                    cfg = warp_config(cols, pack, cbytes)
-                    if cfg is not None:
-                        names.add(f"cunorm::softmax_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
-                                  f"{cfg[2]}>")
-                for cols in range(WARP_BLOCK, 512 * BLOCK_MAX_VALUES[cbytes] + 1, pack * 32):
-                    bcfg = block_config(cols, pack, cbytes)
-                    if bcfg is not None:
-                        names.add(f"cunorm::softmax_block<{head}, {pack}, {bcfg[1]}>")
-                names.add(f"cunorm::softmax_smem<{head}, {pack}>")
-                if arch >= 90:
-                    names.update(f"cunorm::softmax_smem_cluster<{head}, {pack}, {c}>"
-                                 for c in CLUSTER_SIZES)
-                names.add(f"cunorm::softmax_uncached<{head}, {pack}>")
-                if arch >= 90:
-                    names.update(f"cunorm::softmax_uncached_cluster<{head}, {pack}, {c}>"
-                                 for c in CLUSTER_SIZES)
+    clusters = CLUSTER_SIZES if arch >= 90 else ()
+    for family, head, isz, cbytes in _row_heads():
+        for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16):
+            for cols in range(pack, 64 * pack * 32 + 1, pack):
+                cfg = warp_config(cols, pack, cbytes, family)
+                if cfg is not None:
+                    names.add(f"cunorm::{family}_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
+                              f"{cfg[2]}>")
+            for cols in range(WARP_BLOCK, 512 * BLOCK_MAX_VALUES[cbytes] + 1, pack * 32):
+                bcfg = block_config(cols, pack, cbytes, family)
+                if bcfg is not None:
+                    names.add(f"cunorm::{family}_block<{head}, {pack}, {bcfg[1]}>")
+            for path in ("smem", "uncached"):
+                names.add(f"cunorm::{family}_{path}<{head}, {pack}>")
+                names.update(f"cunorm::{family}_{path}_cluster<{head}, {pack}, {c}>"
+                             for c in clusters)
+            if family == "softmax":
                 for cache in ("true", "false"):
                     names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
-                if arch >= 90:
-                    names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {c}>"
-                                 for c in CLUSTER_SIZES)
+                names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {c}>"
+                             for c in clusters)
     return sorted(names)

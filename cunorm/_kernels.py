@@ -3,8 +3,9 @@
 Kernels are C++ templates in ``cuda_src/*.cu``. A kernel is named by its template
 instantiation (e.g. ``cunorm::softmax_warp<float, float, false, 4, 8, 32, 1, false>``),
 compiled on first use for the device it runs on, and memoized per (device, name).
-``common.cuh`` is pasted in front of every source instead of being ``#include``-d, because
-CuPy's on-disk cache keys on the source text only and would miss an edited header.
+The headers (``common.cuh``, ``rows.cuh``) are pasted in front of every source instead of being
+``#include``-d, because CuPy's on-disk cache keys on the source text only and would miss an
+edited header.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ def source_dir() -> Path:
     )
 
 
+#: Headers pasted, in this order, in front of every op source.
+HEADERS = ("common.cuh", "rows.cuh")
+
+
 @functools.cache
 def kernel_source(op_file: str) -> str:
-    """Full compilable source of ``cuda_src/<op_file>``: common.cuh inlined in front."""
+    """Full compilable source of ``cuda_src/<op_file>``: the HEADERS inlined in front."""
     folder = source_dir()
-    common = (folder / "common.cuh").read_text()
-    body = (folder / op_file).read_text()
-    return f"// ---- common.cuh ----\n{common}\n// ---- {op_file} ----\n{body}\n"
+    parts = [f"// ---- {name} ----\n{(folder / name).read_text()}" for name in (*HEADERS, op_file)]
+    return "\n".join(parts) + "\n"
 
 
 def compile_options(arch: int) -> tuple[str, ...]:

@@ -30,9 +30,6 @@ from contextlib import contextmanager
 
 from . import _config, _device, _dispatch, _kernels
 
-#: Source file of every kernel :func:`cunorm._dispatch.all_kernel_names` lists.
-OP_FILE = "softmax.cu"
-
 
 class NoGPUError(RuntimeError):
     """No usable CUDA GPU (or no CuPy): there is nothing to compile for."""
@@ -55,8 +52,10 @@ def kernel_names(arch: int) -> list[str]:
     --------
     >>> from cunorm.precompile import kernel_names
     >>> names = kernel_names(90)
-    >>> len(names) == len(set(names)) and all(n.startswith("cunorm::softmax_") for n in names)
+    >>> len(names) == len(set(names))
     True
+    >>> sorted({n.split("<")[0] for n in names})[:3]
+    ['cunorm::norm_block', 'cunorm::norm_smem', 'cunorm::norm_smem_cluster']
     """
     return _dispatch.all_kernel_names(arch)
 
@@ -176,7 +175,7 @@ def precompile(device: int = 0, jobs: int | None = None, progress: bool = True) 
 
     def build(name: str) -> None:
         try:
-            _kernels.get_kernel(device, props.arch, OP_FILE, name,
+            _kernels.get_kernel(device, props.arch, _dispatch.kernel_file(name), name,
                                 smem_optin=props.smem_per_block_optin)
         except Exception as err:  # a compile error: keep going, report them all at the end
             with lock:

@@ -198,13 +198,9 @@ def _softmax_cupy_checked(x, axis, dtype, out, log: bool, fname: str):
 def _launch(x, y, r: _Recipe) -> None:
     vx, vy = r.vx, r.vy
     px, py = x.data.ptr, y.data.ptr
-    # Widest pack both pointers and all row strides allow (elements, a power of two <= 16).
-    bits = (px // x.itemsize) | (py // y.itemsize) | vx.ld_outer | vy.ld_outer | 16
-    if vx.inner > 1:
-        bits |= vx.ld_dim | vy.ld_dim
-    if px % x.itemsize or py % y.itemsize:
-        bits = 1
-    align = bits & -bits
+    strides = (vx.ld_outer, vy.ld_outer, vx.ld_dim, vy.ld_dim) if vx.inner > 1 else \
+        (vx.ld_outer, vy.ld_outer)
+    align = _array.pack_alignment(((px, x.itemsize), (py, y.itemsize)), strides)
     dev = x.data.device_id
     forced = _dispatch.forced_path()
     key = (dev, r.log, r.src, r.dst, vx.outer, vx.dim, vx.inner, align, forced)

@@ -1,0 +1,319 @@
+// Row-wise kernel bodies shared by every op over a (rows, cols) view: softmax and log_softmax
+// (softmax.cu), layer_norm and rms_norm (norm.cu). Paths (chosen by cunorm/_dispatch.py):
+//   warp      a group of GROUP lanes holds ROWS rows in registers
+//   block     a whole block holds one row in registers
+//   smem      one block (or a cluster of CLUSTER blocks, sm_90) caches a row in shared memory
+//   uncached  one block (or cluster) per row, two reads: an online pass, then the write pass
+// Inlined after common.cuh (cunorm/_kernels.py), like it.
+//
+// What differs between ops is an OP policy with two statistics, reduced one after the other
+// over a row held in registers or shared memory:
+//   first:  S1 s1 = R1-reduce of first(s1, x); s1 = middle(s1, cols)   (skipped if !kFirst)
+//   second: A s2 = sum of second(v, s1) (which may replace v by a value to keep)
+//   output: Fin fin = finish(s1, s2, cols); y = fin.kept(v) from the kept value, fin(x) from x
+// softmax: max, then the sum of exp(x - max) (keeping the exps); layer_norm: the mean, then the
+// sum of squared deviations (the exact two-pass variance: no cancellation); rms_norm: the sum
+// of squares only. The uncached paths fold a row once into OP::Online instead (online softmax,
+// Welford/Chan, sum of squares) and end with finish_online(state, cols).
+//   typedefs  C (compute), A (accumulator), S1, R1 (reduction of S1), Online, Fin
+//   constants kFirst; kPadSafe (second() of the padding value adds nothing, so padding slots
+//             need no mask); Keeps<RAW>::value (the smem path may overwrite its cached raw
+//             packs with the kept values)
+//   pad()     value of the register slots past the end of a row
+//   write_stats(row, fin)  per-row outputs (mean, rstd), by one thread per row
+// The LOAD functor moves the input (DirectLoad; ResidualLoad forms x + r), the STORE functor
+// writes y (DirectStore; AffineStore applies weight and bias).
+namespace cunorm {
+
+// Values a thread loads before using the first one, in the block-per-row paths: enough bytes
+// in flight per thread to cover memory latency, few enough registers for 512-thread blocks.
+constexpr int kUnrollValues = 16;
+
+// ---------------------------------------------------------------------------------------
+// Warp path. Launch: 1-D block of blockDim.x threads (a multiple of 32), GROUP lanes per
+// row group, ROWS rows per group per step; grid-stride over row groups. COLS values per
+// thread; packs past `cols` are padding (one compare per pack, cheaper than a second
+// instantiation of every configuration). The row stays in registers, so both reductions cost
+// shuffles only.
+template <int PACK, int COLS, int GROUP, int ROWS, class OP, class LOAD, class STORE>
+__device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const STORE& store,
+                                          i64 rows, i64 cols) {
+  static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
+  typedef typename OP::C C;
+  typedef typename OP::A A;
+  typedef typename OP::S1 S1;
+  constexpr int NPACK = COLS / PACK;
+  constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
+  const int lane = threadIdx.x % GROUP;
+  const int group_in_warp = (threadIdx.x % 32) / GROUP;
+  const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const i64 step = static_cast<i64>(gridDim.x) * blockDim.x / 32 * ROWS_PER_WARP;
+  C buf[ROWS][COLS];
+  // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
+  // past the end are masked instead.
+  for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
+    const i64 row0 = base + group_in_warp * ROWS;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
+        if (row0 + r < rows && col < cols) {
+          load.template load<PACK>(buf[r] + p * PACK, row0 + r, col);
+        } else {
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
+        }
+      }
+    }
+    S1 s1[ROWS] = {};
+    if constexpr (OP::kFirst) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        s1[r] = OP::R1::identity();
+#pragma unroll
+        for (int i = 0; i < COLS; ++i) s1[r] = op.first(s1[r], buf[r][i]);
+        s1[r] = op.middle(group_all_reduce<typename OP::R1, GROUP>(s1[r]), cols);
+      }
+    }
+    A s2[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      s2[r] = A(0);
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        const bool valid = OP::kPadSafe || (static_cast<i64>(p) * GROUP + lane) * PACK < cols;
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) {
+          const A t = op.second(buf[r][p * PACK + i], s1[r]);
+          if (valid) s2[r] += t;
+        }
+      }
+      s2[r] = group_all_reduce<SumOp<A>, GROUP>(s2[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const i64 row = row0 + r;
+      if (row >= rows) break;
+      const typename OP::Fin fin = op.finish(s1[r], s2[r], cols);
+      if (lane == 0) op.write_stats(row, fin);
+#pragma unroll
+      for (int i = 0; i < COLS; ++i) buf[r][i] = fin.kept(buf[r][i]);
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
+        if (col < cols) store.template store<PACK>(buf[r] + p * PACK, row, col);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Block-register path: the row lives in the registers of a whole block (COLS values per
+// thread, packs strided by blockDim.x), as the warp path keeps it in one warp's; the two
+// reductions go through shared memory. For rows too long for a warp and short enough that
+// each of up to 512 threads holds a few dozen values: one read per element.
+template <int PACK, int COLS, class OP, class LOAD, class STORE>
+__device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const STORE& store,
+                                           i64 rows, i64 cols) {
+  static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
+  typedef typename OP::C C;
+  typedef typename OP::A A;
+  typedef typename OP::S1 S1;
+  constexpr int NPACK = COLS / PACK;
+  __shared__ S1 scratch1[33];
+  __shared__ A scratch2[33];
+  C buf[COLS];
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+#pragma unroll
+    for (int p = 0; p < NPACK; ++p) {
+      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
+      if (col < cols) {
+        load.template load<PACK>(buf + p * PACK, row, col);
+      } else {
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) buf[p * PACK + i] = OP::pad();
+      }
+    }
+    S1 s1 = S1();
+    if constexpr (OP::kFirst) {
+      s1 = OP::R1::identity();
+#pragma unroll
+      for (int i = 0; i < COLS; ++i) s1 = op.first(s1, buf[i]);
+      s1 = op.middle(block_all_reduce<typename OP::R1>(s1, scratch1), cols);
+    }
+    A s2 = A(0);
+#pragma unroll
+    for (int p = 0; p < NPACK; ++p) {
+      const bool valid =
+          OP::kPadSafe || (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK < cols;
+#pragma unroll
+      for (int i = 0; i < PACK; ++i) {
+        const A t = op.second(buf[p * PACK + i], s1);
+        if (valid) s2 += t;
+      }
+    }
+    s2 = block_all_reduce<SumOp<A>>(s2, scratch2);
+    const typename OP::Fin fin = op.finish(s1, s2, cols);
+    if (threadIdx.x == 0) op.write_stats(row, fin);
+#pragma unroll
+    for (int i = 0; i < COLS; ++i) buf[i] = fin.kept(buf[i]);
+#pragma unroll
+    for (int p = 0; p < NPACK; ++p) {
+      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
+      if (col < cols) store.template store<PACK>(buf + p * PACK, row, col);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared-memory path: a cluster of CLUSTER blocks per row (CLUSTER == 1: one block), each
+// caching its slice of the row in shared memory as raw input packs (LOAD::fill: cp.async for
+// a plain input, so no registers and every pack of the slice in flight at once). Both
+// statistics are then reduced from shared memory; partial results of a cluster's blocks meet
+// through distributed shared memory. Dynamic shared memory: ceil(cols / PACK / CLUSTER) * PACK
+// * sizeof(raw_t). Launched with one block (cluster) per row: measured faster on H200 than a
+// persistent grid double-buffering the next row (benchmarks/results/thresholds-*.md).
+template <int PACK, int CLUSTER, class OP, class LOAD, class STORE>
+__device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const STORE& store,
+                                          i64 rows, i64 cols) {
+  typedef typename OP::C C;
+  typedef typename OP::A A;
+  typedef typename OP::S1 S1;
+  typedef typename LOAD::raw_t R;
+  typedef Pack<R, PACK> RawPack;
+  constexpr bool KEEP = OP::template Keeps<R>::value;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ S1 scratch1[33];
+  __shared__ A scratch2[33];
+  __shared__ S1 slot1;  // this block's partial statistics, read by the cluster's peers
+  __shared__ A slot2;
+  const i64 npacks = cols / PACK;
+  const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
+  const unsigned rank = Cluster<CLUSTER>::rank();
+  const i64 pack_begin = rank * packs_per_block;
+  const i64 pack_end = min(npacks, pack_begin + packs_per_block);
+  const int step = blockDim.x;
+  const i64 nclusters = gridDim.x / CLUSTER;
+  RawPack* const cache = reinterpret_cast<RawPack*>(smem_raw);
+  // Each thread fills, reads and writes the same packs: its own cp.async wait makes them
+  // visible to it, no block barrier is needed for the data.
+  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters) {
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
+      load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
+    copy_async_commit();
+    copy_async_wait<0>();
+    S1 s1 = S1();
+    if constexpr (OP::kFirst) {
+      S1 t = OP::R1::identity();
+      for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+        C v[PACK];
+        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) t = op.first(t, v[i]);
+      }
+      s1 = op.middle(cluster_all_reduce<typename OP::R1, CLUSTER>(
+                         block_all_reduce<typename OP::R1>(t, scratch1), &slot1),
+                     cols);
+    }
+    A t2 = A(0);
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+      C v[PACK];
+      load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+      for (int i = 0; i < PACK; ++i) t2 += op.second(v[i], s1);
+      if constexpr (KEEP) {
+        RawPack e;
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) e.v[i] = v[i];
+        cache[p - pack_begin] = e;
+      }
+    }
+    const A s2 = cluster_all_reduce<SumOp<A>, CLUSTER>(
+        block_all_reduce<SumOp<A>>(t2, scratch2), &slot2);
+    const typename OP::Fin fin = op.finish(s1, s2, cols);
+    if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+      C v[PACK];
+      if constexpr (KEEP) {
+        const RawPack e = cache[p - pack_begin];
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) v[i] = fin.kept(e.v[i]);
+      } else {
+        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
+      }
+      store.template store<PACK>(v, row, p * PACK);
+    }
+  }
+  // No block may leave while a peer can still read its slots.
+  if (CLUSTER > 1) Cluster<CLUSTER>::sync();
+}
+
+// ---------------------------------------------------------------------------------------
+// Uncached path: rows of any length, read twice: an online pass folding the row into an
+// OP::Online state, then the write pass (through load.second(): the same input, or for a
+// residual the x + r the first pass wrote), which finds the row in L2 as long as the rows in
+// flight fit there. On sm_90 a cluster of CLUSTER blocks shares a row (each streams its slice;
+// the partial states meet through distributed shared memory), so few rows are in flight and
+// the second read hits L2.
+template <int PACK, int CLUSTER, class OP, class LOAD, class STORE>
+__device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, const STORE& store,
+                                              i64 rows, i64 cols) {
+  typedef typename OP::C C;
+  typedef typename OP::Online S;
+  // kUnrollValues 4-byte values in flight per thread (half as many doubles: their addresses
+  // and values would not fit the registers of a 512-thread block with scalar packs).
+  constexpr int kUnroll = kUnrollValues * 4 / static_cast<int>(sizeof(C)) / PACK;
+  __shared__ S scratch[33];
+  __shared__ S slots[2];  // this block's partial state, by row parity, for the peers
+  const i64 npacks = cols / PACK;
+  const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
+  const unsigned rank = Cluster<CLUSTER>::rank();
+  const i64 pack_begin = rank * packs_per_block;
+  const i64 pack_end = min(npacks, pack_begin + packs_per_block);
+  const int step = blockDim.x;
+  const auto load2 = load.second();
+  int parity = 0;
+  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += gridDim.x / CLUSTER, parity ^= 1) {
+    S st;
+    st.init();
+    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
+      C v[kUnroll][PACK];
+      int nvalid = 0;  // the valid packs of a chunk are a prefix of it
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u * step < pack_end) {
+          load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+          nvalid += PACK;
+        } else {
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) v[u][i] = OP::pad();
+        }
+      }
+      st.template add<kUnroll * PACK>(&v[0][0], nvalid);  // one merge per chunk
+    }
+    st = cluster_all_reduce_state<CLUSTER>(block_all_reduce_state(st, scratch), slots, parity);
+    const typename OP::Fin fin = op.finish_online(st, cols);
+    if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
+    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
+      C v[kUnroll][PACK];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u * step < pack_end) load2.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u * step < pack_end) {
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) v[u][i] = fin(v[u][i]);
+          store.template store<PACK>(v[u], row, (p0 + u * step) * PACK);
+        }
+      }
+    }
+  }
+  if (CLUSTER > 1) Cluster<CLUSTER>::sync();  // peers may still read this block's slots
+}
+
+}  // namespace cunorm
