@@ -198,7 +198,8 @@ def fake_gpu(monkeypatch):
         deadline = time.perf_counter() + 0.0002
         while time.perf_counter() < deadline:
             pass
-        assert (device_id, arch, op_file, smem_optin) == (0, 90, "softmax.cu", 232448)
+        expected = (0, 90, _dispatch.kernel_file(name), 232448)
+        assert (device_id, arch, op_file, smem_optin) == expected
         with lock:
             calls.append((name, threading.current_thread().name, device_id))
         return object()

@@ -824,21 +824,26 @@ def _emitted(props: DeviceProps, dense: bool) -> set[str]:
     occ = fake_occ(props)
     names: set[str] = set()
     cols_sweep = range(1, 5001) if dense else sorted({*range(1, 5001, 97), *_LONG_COLS})
+    cases = [(op, src, dst, False) for src, dst in PAIRS for op in d.SOFTMAX_OPS]
+    cases += [(op, src, src, res) for src in ITEMSIZE for op in d.NORM_OPS for res in (0, 1)]
+    for op, src, dst, residual in cases:
+        for align in (1, 2, 4, 8):
+            for cols in (*cols_sweep, *_LONG_COLS):
+                forces: tuple[str | None, ...] = (None,)
+                if cols > d.WARP_MAX_COLS[ITEMSIZE[src]] or op in d.NORM_OPS:
+                    forces += ("warp", "block")  # softmax below the limit: the same plans
+                if cols % 97 == 1 or cols in _LONG_COLS:
+                    forces += ("block", "smem", "cluster", "uncached")
+                for force in forces:
+                    try:
+                        plan = d.plan_rows(op, src, dst, 1, cols, align, props, occ, force,
+                                           residual=bool(residual))
+                    except ValueError:
+                        continue
+                    names.add(plan.kernel)
     for src, dst in PAIRS:
-        for op in ("softmax", "log_softmax"):
+        for op in d.SOFTMAX_OPS:
             for align in (1, 2, 4, 8):
-                for cols in (*cols_sweep, *_LONG_COLS):
-                    forces: tuple[str | None, ...] = (None,)
-                    if cols > d.WARP_MAX_COLS[ITEMSIZE[src]]:
-                        forces += ("warp", "block")  # below the limit: the same plans
-                    if cols % 97 == 1 or cols in _LONG_COLS:
-                        forces += ("block", "smem", "cluster", "uncached")
-                    for force in forces:
-                        try:
-                            plan = d.plan_rows(op, src, dst, 1, cols, align, props, occ, force)
-                        except ValueError:
-                            continue
-                        names.add(plan.kernel)
                 for dim in (1, 7, 300, 5000, 40000, 10**6):
                     for inner in (2, 3, 4, 6, 8, 64, 4096):
                         for force in (None, *d.STRIDED_PATHS):
@@ -863,9 +868,11 @@ def test_all_kernel_names_cover_every_plan(arch: int, dense: DeviceProps,
                         f"{missing[:10]}"
     kinds = {template_args(n)[0] for n in emitted}
     expected = {"cunorm::softmax_warp", "cunorm::softmax_block", "cunorm::softmax_smem",
-                "cunorm::softmax_uncached", "cunorm::softmax_strided"}
+                "cunorm::softmax_uncached", "cunorm::softmax_strided", "cunorm::norm_warp",
+                "cunorm::norm_block", "cunorm::norm_smem", "cunorm::norm_uncached"}
     sm90 = {"cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
-            "cunorm::softmax_strided_cluster"}
+            "cunorm::softmax_strided_cluster", "cunorm::norm_smem_cluster",
+            "cunorm::norm_uncached_cluster"}
     assert kinds == expected | (sm90 if arch >= 90 else set())
 
 
@@ -875,8 +882,77 @@ def test_all_kernel_names_by_arch() -> None:
     assert not any("cluster" in n for n in n80)
     assert {template_args(n)[0] for n in n90 - n80} == {
         "cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
-        "cunorm::softmax_strided_cluster"}
+        "cunorm::softmax_strided_cluster", "cunorm::norm_smem_cluster",
+        "cunorm::norm_uncached_cluster"}
     for name in n90:
         base, args = template_args(name)
+        if base.startswith("cunorm::norm_"):
+            assert args[0] in d.CTYPE.values(), name
+            assert args[1] in ("true", "false") and args[2] in ("true", "false"), name
+            assert d.kernel_file(name) == "norm.cu"
+            continue
         assert (args[0], args[1]) in {(d.CTYPE[s], d.CTYPE[t]) for s, t in PAIRS}, name
         assert args[2] in ("true", "false")
+        assert d.kernel_file(name) == "softmax.cu"
+
+
+# --- norms ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", d.NORM_OPS)
+@pytest.mark.parametrize("src", list(ITEMSIZE))
+@pytest.mark.parametrize("residual", [False, True])
+def test_norm_plans_use_norm_kernels(op: str, src: str, residual: bool) -> None:
+    """Norms run on the same row paths as softmax, through their own kernels (norm.cu), with
+    the RMS and RESIDUAL flags in the name; every path can be forced."""
+    rms, res = ("true" if op == "rms_norm" else "false"), ("true" if residual else "false")
+    for cols in (1, 33, 512, 1000, 3000, 8192, 20000, 70000, 300000):
+        plan = d.plan_rows(op, src, src, 4096, cols, 16, H100, fake_occ(H100),
+                           residual=residual)
+        base, args = template_args(plan.kernel)
+        assert base == f"cunorm::norm_{plan.path}" or (
+            plan.path == "cluster" and base == "cunorm::norm_smem_cluster") or (
+            plan.path == "uncached" and base == "cunorm::norm_uncached_cluster"), plan
+        assert args[:3] == [d.CTYPE[src], rms, res]
+    for path in d.ROW_PATHS:
+        try:
+            plan = d.plan_rows(op, src, src, 64, 2000, 16, H100, fake_occ(H100), path,
+                               residual=residual)
+        except ValueError:
+            assert path == "warp"  # 2000 values do not fit a warp's registers for the norms
+            continue
+        assert plan.path == path
+
+
+@pytest.mark.parametrize("src", list(ITEMSIZE))
+def test_norm_value_caps(src: str) -> None:
+    """The norm kernels hold at most NORM_MAX_VALUES values per thread (fewer for scalar packs):
+    rows beyond the warp cap go to the block path."""
+    cb = 8 if src == "float64" else 4
+    for pack in (1, 2, 4, 8):
+        if pack * ITEMSIZE[src] > 16:
+            continue
+        cap = d.value_cap("norm", "warp", cb, pack)
+        assert cap == (d.NORM_MAX_VALUES_SCALAR if pack == 1 else d.NORM_MAX_VALUES)[cb]
+        cfg = d.warp_config(32 * cap, pack, cb, "norm")
+        assert cfg is not None and cfg[0] <= cap
+        assert d.warp_config(32 * cap + 32 * pack, pack, cb, "norm") is None
+        for cols in range(pack * 128, 512 * cap + 1, pack * 61):
+            bcfg = d.block_config(cols, pack, cb, "norm")
+            assert bcfg is None or bcfg[1] <= cap
+    plan = d.plan_rows("layer_norm", src, src, 4096, 1536, 16, H100, fake_occ(H100))
+    assert plan.path == ("smem" if src == "float64" else "block")  # no float64 block path
+
+
+@pytest.mark.parametrize(("op", "src", "dst", "residual", "message"), [
+    ("layer_norm", "float16", "float32", False, "output has the input's dtype"),
+    ("rms_norm", "int8", "int8", False, "output has the input's dtype"),
+    ("softmax", "float32", "float32", True, "no residual variant"),
+    ("attention", "float32", "float32", False, "unknown op"),
+])
+def test_kernel_head_rejects(op: str, src: str, dst: str, residual: bool, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        d.kernel_head(op, src, dst, residual)
+
+
+def test_norms_have_no_strided_path() -> None:
+    with pytest.raises(ValueError, match="no strided kernel for layer_norm"):
+        d.plan_strided("layer_norm", "float32", "float32", 2, 8, 16, 4, H100, fake_occ(H100))

@@ -94,6 +94,8 @@ def test_source_dir_finds_sources() -> None:
     assert isinstance(folder, Path) and folder.is_dir()
     assert (folder / "common.cuh").is_file()
     assert (folder / "softmax.cu").is_file()
+    for name in _kernels.HEADERS + ("norm.cu",):
+        assert (folder / name).is_file(), name
 
 
 def test_kernel_source_inlines_common_header() -> None:
@@ -111,9 +113,9 @@ def test_kernel_source_inlines_common_header() -> None:
 def test_kernel_source_defines_every_kernel_template() -> None:
     from cunorm import _dispatch
 
-    src = _kernels.kernel_source("softmax.cu")
-    bases = {name.split("<", 1)[0].split("::")[-1] for name in _dispatch.all_kernel_names(90)}
-    for base in bases:
+    for name in _dispatch.all_kernel_names(90):
+        base = name.split("<", 1)[0].split("::")[-1]
+        src = _kernels.kernel_source(_dispatch.kernel_file(name))
         assert re.search(rf"__global__[^;{{]*\b{base}\s*\(", src), f"no kernel {base}"
 
 

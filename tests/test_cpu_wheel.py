@@ -19,7 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-KERNEL_FILES = ("cunorm/cuda_src/common.cuh", "cunorm/cuda_src/softmax.cu")
+KERNEL_FILES = ("cunorm/cuda_src/common.cuh", "cunorm/cuda_src/rows.cuh",
+                "cunorm/cuda_src/softmax.cu", "cunorm/cuda_src/norm.cu")
 
 # Never copied into the build tree: VCS data, caches, earlier build outputs.
 _SKIP_NAMES = {
@@ -82,6 +83,7 @@ def test_installed_wheel_finds_its_sources(wheel: Path, tmp_path: Path) -> None:
         "print(d)\n"
         "assert (d / 'common.cuh').is_file() and (d / 'softmax.cu').is_file(), d\n"
         "assert 'softmax_' in k.kernel_source('softmax.cu')\n"
+        "assert 'norm_warp' in k.kernel_source('norm.cu')\n"
         "y = cunorm.softmax(np.array([[1.0, 2.0, 3.0]]))\n"
         "assert isinstance(y, np.ndarray) and abs(y.sum() - 1) < 1e-12, y\n"
     )

@@ -49,10 +49,10 @@ def nvcc_options(arch: int) -> list[str]:
     return out
 
 
-def instantiation_source(names: list[str]) -> str:
-    """softmax.cu (common.cuh inlined) plus a host array taking the address of each name."""
+def instantiation_source(op_file: str, names: list[str]) -> str:
+    """``op_file`` (headers inlined) plus a host array taking the address of each name."""
     refs = ",\n".join(f"    (void*)&{name}" for name in names)
-    return f"{_kernels.kernel_source('softmax.cu')}\nvoid* cunorm_instances[] = {{\n{refs}\n}};\n"
+    return f"{_kernels.kernel_source(op_file)}\nvoid* cunorm_instances[] = {{\n{refs}\n}};\n"
 
 
 def demangle(symbols: list[str]) -> dict[str, str]:
@@ -106,15 +106,18 @@ def test_every_instantiation_compiles_without_spills(arch: int, tmp_path: Path) 
     names = _dispatch.all_kernel_names(arch)
     assert names, "all_kernel_names() is empty"
     assert len(set(names)) == len(names)
-    n_chunks = min(N_CHUNKS, len(names))
-    chunks = [names[i::n_chunks] for i in range(n_chunks)]
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(_dispatch.kernel_file(name), []).append(name)
     paths = []
-    for i, chunk in enumerate(chunks):
-        path = tmp_path / f"softmax_sm{arch}_{i}.cu"
-        path.write_text(instantiation_source(chunk))
-        paths.append(path)
+    for op_file, file_names in sorted(by_file.items()):
+        n_chunks = min(N_CHUNKS, len(file_names))
+        for i in range(n_chunks):
+            path = tmp_path / f"{op_file[:-3]}_sm{arch}_{i}.cu"
+            path.write_text(instantiation_source(op_file, file_names[i::n_chunks]))
+            paths.append(path)
 
-    workers = max(1, min(n_chunks, os.cpu_count() or 1, N_CHUNKS))
+    workers = max(1, min(len(paths), os.cpu_count() or 1, N_CHUNKS))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(lambda p: compile_chunk(p, arch), paths))
 

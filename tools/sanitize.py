@@ -1,4 +1,5 @@
-"""Drive every softmax kernel path on small inputs, for compute-sanitizer.
+"""Drive every softmax, layer_norm and rms_norm kernel path on small inputs, for
+compute-sanitizer.
 
 Usage: ``compute-sanitizer --tool memcheck python tools/sanitize.py`` (also racecheck).
 Exits non-zero if any result is wrong, so a sanitizer run also checks correctness.
@@ -47,9 +48,70 @@ def main() -> int:
                 if not np.allclose(s, 1, atol=2e-2):
                     print(f"WRONG strided {path} {np.dtype(dt).name} {shape}")
                     bad += 1
+    bad += check_norms(rng, cases)
     cupy.cuda.Device().synchronize()
     print(f"sanitize driver: {bad} wrong results")
     return 1 if bad else 0
+
+
+def norm_reference(rms: bool, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
+    """float64 (y, mean, rstd) over the last axis."""
+    xf = x.astype(np.float64)
+    mean = np.zeros((xf.shape[0], 1)) if rms else xf.mean(-1, keepdims=True)
+    d = xf - mean
+    rstd = 1.0 / np.sqrt((d * d).mean(-1, keepdims=True) + eps)
+    y = d * rstd * w.astype(np.float64)
+    if b is not None:
+        y += b.astype(np.float64)
+    return y, mean[:, 0], rstd[:, 0]
+
+
+def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
+    """layer_norm / rms_norm with weight (and bias), with and without a residual, with
+    return_stats, on every row path the dispatcher can force: wrong results are counted."""
+    bad = 0
+    for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
+        name = np.dtype(dt).name
+        for rows, cols in cases:
+            xh = (rng.standard_normal((rows, cols)) * 2 + 0.5).astype(dt)
+            rh = rng.standard_normal((rows, cols)).astype(dt)
+            wh = (rng.standard_normal(cols) * 0.5 + 1).astype(dt)
+            bh = (rng.standard_normal(cols) * 0.5).astype(dt)
+            xh[0] = 0  # a zero row: 0 * rsqrt(0 + eps), so a lost eps shows as NaN
+            rh[0] = 0
+            x, r, w, b = (cupy.asarray(a) for a in (xh, rh, wh, bh))
+            hh = (xh.astype(np.float64) + rh.astype(np.float64)).astype(dt)
+            for op in ("layer_norm", "rms_norm"):
+                rms = op == "rms_norm"
+                eps = 1e-6 if rms else 1e-5
+                for residual in (False, True):
+                    ref, mean, rstd = norm_reference(rms, hh if residual else xh, wh,
+                                                     None if rms else bh, eps)
+                    kwargs = {"return_stats": True}
+                    if residual:
+                        kwargs["residual"] = r
+                    for path in _dispatch.ROW_PATHS:
+                        try:
+                            with _dispatch.force_path(path):
+                                if rms:
+                                    res = cunorm.rms_norm(x, w, **kwargs)
+                                else:
+                                    res = cunorm.layer_norm(x, w, b, **kwargs)
+                        except ValueError:
+                            continue
+                        got = [cupy.asnumpy(a).astype(np.float64) for a in res]
+                        ok = np.allclose(got[0], ref, rtol=2e-2, atol=2e-2)
+                        if residual:
+                            ok &= np.allclose(got[1], hh.astype(np.float64), rtol=1e-2,
+                                              atol=1e-2)
+                        ok &= np.allclose(got[-1], rstd, rtol=1e-3)
+                        if not rms:
+                            ok &= np.allclose(got[-2], mean, rtol=1e-3, atol=1e-3)
+                        if not ok:
+                            tag = " residual" if residual else ""
+                            print(f"WRONG {op}{tag} {path} {name} {rows}x{cols}")
+                            bad += 1
+    return bad
 
 
 if __name__ == "__main__":
