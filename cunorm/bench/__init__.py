@@ -1,6 +1,7 @@
 """Benchmarks for cunorm: ``python -m cunorm.bench OP``.
 
-Times cunorm's row-wise ops on the standard sweep (shape ``(49152, cols)``, float16, bfloat16 and
+Times cunorm's row-wise ops (softmax, log_softmax, layer_norm, rms_norm, and the two norms fused
+with a residual add) on the standard sweep (shape ``(49152, cols)``, float16, bfloat16 and
 float32) against PyTorch eager, ``torch.compile``, ``cupyx.scipy.special``, JAX under ``jax.jit``
 and a minimal hand-written Triton kernel, all on the same input arrays, and reports effective
 bandwidth (bytes read + bytes written per second) next to the device-to-device copy bandwidth

@@ -24,6 +24,7 @@ examples:
   python -m cunorm.bench softmax                 full sweep, all peers, files under --out
   python -m cunorm.bench all --quick             every row-wise op on ~5 cols
   python -m cunorm.bench layer_norm --dtypes bf16 --cols 1024,4096 --peers torch,compile
+  python -m cunorm.bench rms_norm_residual --quick  y, h = rms_norm(x + r), x + r in one pass
   python -m cunorm.bench overhead                host µs per call on a (8, 128) float32 array
 """
 
@@ -48,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "op",
         choices=[*OPS, "overhead", "all"],
-        help="op to benchmark; 'all' runs every available row-wise op, 'overhead' "
-        "measures host time per call",
+        help="op to benchmark; *_residual: the norm fused with a residual add (cunorm's "
+        "residual=r, returning y and h = x + r); 'all' runs every available row-wise op, "
+        "'overhead' measures host time per call",
     )
     p.add_argument(
         "--dtypes",

@@ -1,8 +1,9 @@
 """Benchmark inputs, shared zero-copy between CuPy, PyTorch and JAX, and the correctness guard.
 
-Every implementation in a cell reads the *same* device buffer: the input is created once with
-CuPy (random normal, never zeros: a zero input would let kernels skip work and make exp()
-trivially cheap) and handed to PyTorch and JAX through DLPack.
+Every implementation in a cell reads the *same* device buffers: the input (and, for the
+residual norms, the second input ``r``) is created once with CuPy (random normal, never zeros: a
+zero input would let kernels skip work and make exp() trivially cheap) and handed to PyTorch and
+JAX through DLPack.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ops import TOLERANCE, OpSpec, numpy_dtype, torch_dtype
+
+Arrays = tuple[Any, Any, Any, Any]
 
 # Rows per chunk of the guard's float32 comparison: about 2**26 elements (256 MB) at a time,
 # so checking a 6 GB output never needs another 6 GB of temporaries.
@@ -87,16 +90,18 @@ def to_jax(a: Any) -> Any:
 
 @dataclass
 class Case:
-    """One input of one op: ``x`` plus its weight/bias, and lazily made torch/JAX views."""
+    """One input of one op: ``x`` plus its weight/bias (and residual ``r`` for the residual
+    norms), and lazily made torch/JAX views of all four (``None`` where the op has none)."""
 
     op: OpSpec
     dtype: str
     x: Any
     w: Any = None
     b: Any = None
+    r: Any = None
     axis: int = -1
-    _torch: tuple[Any, Any, Any] | None = field(default=None, repr=False)
-    _jax: tuple[Any, Any, Any] | None = field(default=None, repr=False)
+    _torch: Arrays | None = field(default=None, repr=False)
+    _jax: Arrays | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -120,28 +125,30 @@ class Case:
     def last_axis(self) -> bool:
         return self.axis in (-1, self.x.ndim - 1)
 
-    def torch(self) -> tuple[Any, Any, Any]:
+    def torch(self) -> Arrays:
+        """``(x, w, b, r)`` as torch tensors sharing the CuPy buffers."""
         if self._torch is None:
-            arrays = (self.x, self.w, self.b)
-            self._torch = tuple(None if a is None else to_torch(a) for a in arrays)
+            self._torch = self._views(to_torch)
         return self._torch
 
-    def jax(self) -> tuple[Any, Any, Any]:
+    def jax(self) -> Arrays:
+        """``(x, w, b, r)`` as JAX arrays (zero-copy where JAX accepts it)."""
         if self._jax is None:
-            arrays = (self.x, self.w, self.b)
-            self._jax = tuple(None if a is None else to_jax(a) for a in arrays)
+            self._jax = self._views(to_jax)
         return self._jax
 
+    def _views(self, convert: Any) -> Arrays:
+        x, w, b, r = (None if a is None else convert(a) for a in (self.x, self.w, self.b, self.r))
+        return x, w, b, r
+
     def cunorm(self, fn: Any) -> Any:
-        return self.op.call(fn, self.x, self.w, self.b, self.axis)
+        return self.op.call(fn, self.x, self.w, self.b, self.axis, self.r)
 
 
-def _random(shape: tuple[int, ...], dtype: str, rs: Any) -> Any:
-    """Standard normal CuPy array of ``dtype`` (drawn in float32, or float64 for float64)."""
+def _astype(a: Any, dtype: str) -> Any:
+    """CuPy array ``a`` cast to ``dtype`` (through torch where CuPy cannot cast to bfloat16)."""
     import cupy
 
-    draw = cupy.float64 if dtype == "float64" else cupy.float32
-    a = rs.standard_normal(shape, dtype=draw)
     if a.dtype == numpy_dtype(dtype):
         return a
     try:
@@ -153,10 +160,23 @@ def _random(shape: tuple[int, ...], dtype: str, rs: Any) -> Any:
         return cupy.from_dlpack(to_torch(a).to(torch_dtype(torch, dtype)))
 
 
+def _random(shape: tuple[int, ...], dtype: str, rs: Any) -> Any:
+    """Standard normal CuPy array of ``dtype`` (drawn in float32, or float64 for float64)."""
+    import cupy
+
+    draw = cupy.float64 if dtype == "float64" else cupy.float32
+    return _astype(rs.standard_normal(shape, dtype=draw), dtype)
+
+
 def make_case(
     op: OpSpec, shape: tuple[int, ...], dtype: str, axis: int = -1, seed: int = 0
 ) -> Case:
-    """Fresh random input for ``op`` (plus weight/bias of length ``shape[axis]``)."""
+    """Fresh random input for ``op`` (plus weight/bias of length ``shape[axis]``, and for a
+    residual op a second input ``r`` of ``x``'s shape and dtype, drawn the same way).
+
+    ``x``, ``w`` and ``b`` are drawn first, so they are the same as the plain op's at the
+    same seed.
+    """
     import cupy
 
     rs = cupy.random.RandomState(seed)
@@ -164,8 +184,9 @@ def make_case(
     cols = shape[axis]
     w = _random((cols,), dtype, rs) if "weight" in op.params else None
     b = _random((cols,), dtype, rs) if "bias" in op.params else None
+    r = _random(shape, dtype, rs) if op.residual else None
     synchronize()  # JAX reads through DLPack on its own stream: the data must exist first
-    return Case(op, dtype, x, w, b, axis)
+    return Case(op, dtype, x, w, b, r, axis)
 
 
 # -- correctness guard ------------------------------------------------------------------------
@@ -221,12 +242,21 @@ def _f64(a: Any) -> Any:
         return to_cupy(to_torch(cupy.ascontiguousarray(a)).double())
 
 
+def _input_rows_f64(case: Case, idx: Any) -> Any:
+    """Float64 copy of the rows ``idx`` (index array or slice) of what the op normalizes:
+    ``x``, or for a residual op ``h = x + r`` rounded to ``x``'s dtype."""
+    x2d = _rows2d_cupy(case.x, case.axis)
+    if case.r is None:
+        return _f64(x2d[idx])
+    r2d = _rows2d_cupy(case.r, case.axis)
+    return _f64(_astype(_f64(x2d[idx]) + _f64(r2d[idx]), case.dtype))
+
+
 def _err_rows_f64(case: Case, out2d_cupy: Any, idx: Any) -> float:
     """Max relative error of the given rows against the float64 reference (CuPy)."""
     import cupy
 
-    x2d = _rows2d_cupy(case.x, case.axis)
-    ref = case.op.reference(cupy, _f64(x2d[idx]), _f64(case.w), _f64(case.b))
+    ref = case.op.reference(cupy, _input_rows_f64(case, idx), _f64(case.w), _f64(case.b))
     num = cupy.abs(_f64(out2d_cupy[idx]) - ref).max(axis=-1)
     den = cupy.maximum(cupy.abs(ref).max(axis=-1), 1e-300)
     err = cupy.nan_to_num(num / den, nan=float("inf"))
@@ -240,7 +270,66 @@ def check_output(case: Case, out: Any, ref: Any | None) -> Check:
     tolerance, the worst rows are re-checked against a float64 reference, so a deviation of
     PyTorch's own result (it has its own rounding) is not blamed on ``out``. Without ``ref``,
     a sample of rows is compared with the float64 reference.
+
+    For a residual op, ``out`` (and ``ref``) is the pair ``(y, h)``: ``y`` is checked as
+    above against the norm of ``h_ref = x + r`` rounded to ``x``'s dtype, and ``h`` must equal
+    ``h_ref`` exactly, in every element.
     """
+    if case.op.residual:
+        return _check_residual(case, out, ref)
+    return _check_y(case, out, ref)
+
+
+def _check_residual(case: Case, out: Any, ref: Any | None) -> Check:
+    """:func:`check_output` for ``(y, h)`` outputs."""
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        got = f"a {len(out)}-tuple" if isinstance(out, tuple | list) else type(out).__name__
+        return Check(False, float("inf"), f"expected the pair (y, h), got {got}")
+    y, h = out
+    check = _check_y(case, y, None if ref is None else ref[0])
+    bad, worst = _h_mismatches(case, h)
+    if bad:
+        y_note = check.note or f"y error {check.err:.2e}"
+        return Check(
+            False,
+            check.err,
+            f"h != x + r rounded to {case.dtype} in {bad} of {case.x.size} elements "
+            f"(max |diff| {worst:.2e}); {y_note}",
+        )
+    if check.ok:
+        return Check(True, check.err, check.note or "h exact")
+    return check
+
+
+def _h_mismatches(case: Case, h: Any) -> tuple[int, float]:
+    """(elements of ``h`` that differ from ``x + r`` rounded to ``x``'s dtype, max |diff|),
+    computed in row chunks so no full-size float64 temporary is needed."""
+    import cupy
+
+    h2d = _rows2d_cupy(to_cupy(h), case.axis)
+    rows, cols = case.rows, case.cols
+    if tuple(h2d.shape) != (rows, cols) or h2d.dtype != case.x.dtype:
+        raise ValueError(
+            f"h has shape {tuple(to_cupy(h).shape)} and dtype {h2d.dtype}, expected "
+            f"{case.shape} {case.x.dtype}"
+        )
+    step = max(1, _CHECK_CHUNK_ELEMS // max(1, cols))
+    bad, worst = 0, 0.0
+    for i in range(0, rows, step):
+        rows_i = slice(i, i + step)
+        want = _input_rows_f64(case, rows_i)
+        got = _f64(h2d[rows_i])
+        differ = got != want  # NaN (never in random normal inputs) counts as a difference
+        n = int(differ.sum())
+        if n:
+            bad += n
+            diff = cupy.nan_to_num(cupy.abs(got - want), nan=float("inf"))
+            worst = max(worst, float(diff.max()))
+    return bad, worst
+
+
+def _check_y(case: Case, out: Any, ref: Any | None) -> Check:
+    """:func:`check_output` for one output array (``y``)."""
     import cupy
 
     tol = TOLERANCE[case.dtype]

@@ -6,6 +6,11 @@ and how to compute the float64 reference. A new row-wise op of an existing famil
 an op that does not fit the row-wise sweep (attention) sets ``rowwise=False`` and brings its own
 ``runner``.
 
+A norm with ``residual=True`` is the pre-norm transformer block fused in one pass: a second
+input ``r`` of ``x``'s shape and dtype, ``h = x + r`` rounded to that dtype, and the result is the
+pair ``(norm(h), h)``. It moves four full-size arrays (``arrays_moved=4``: x and r read, y and h
+written) where the plain ops move two, and its GB/s is counted accordingly.
+
 cunorm is imported lazily and every function is looked up by name, so the benchmark keeps
 working while the library grows: an op whose function does not exist yet is reported as
 unavailable instead of crashing the run.
@@ -84,10 +89,17 @@ class OpSpec:
         Softmax family: log_softmax instead of softmax.
     rms : bool
         Norm family: RMS norm (no mean, no bias) instead of layer norm.
+    residual : bool
+        Norm family: fused residual add. Every implementation gets a second input ``r`` of
+        ``x``'s shape and dtype and returns ``(y, h)`` with ``h = x + r`` rounded to that dtype
+        and ``y = norm(h)``; cunorm is called with ``residual=r``.
     params : tuple of str
         Norm family: which of ``"weight"``, ``"bias"`` the op takes (length ``cols``, dtype of x).
     eps : float
         Norm family: epsilon, passed explicitly to every implementation so they all agree.
+    arrays_moved : int
+        Full-size arrays (``rows * cols`` elements) that must cross memory once each, reads
+        and writes together: 2 for ``y = f(x)``, 4 for the residual norms. GB/s counts these.
     rowwise : bool
         Part of the ``(rows, cols)`` sweep and of ``all``.
     extra_cases : tuple of ExtraCase
@@ -101,8 +113,10 @@ class OpSpec:
     family: str
     log: bool = False
     rms: bool = False
+    residual: bool = False
     params: tuple[str, ...] = ()
     eps: float = 0.0
+    arrays_moved: int = 2
     rowwise: bool = True
     extra_cases: tuple[ExtraCase, ...] = ()
     runner: Callable[[Any], int] | None = None
@@ -120,39 +134,75 @@ class OpSpec:
                 f"cunorm.{self.cunorm_attr} is not available yet (the cunorm namespace "
                 f"has no attribute {self.cunorm_attr!r}); {self.name} skipped"
             )
+        if self.residual and not _takes_keyword(fn, "residual"):
+            return None, (
+                f"cunorm.{self.cunorm_attr} takes no residual= argument yet; {self.name} skipped"
+            )
         return fn, ""
 
-    def call(self, fn: Callable[..., Any], x: Any, w: Any, b: Any, axis: int) -> Any:
-        """Call cunorm (or its NumPy path) the way a user would."""
+    def call(self, fn: Callable[..., Any], x: Any, w: Any, b: Any, axis: int, r: Any = None) -> Any:
+        """Call cunorm (or its NumPy path) the way a user would.
+
+        Returns ``y``, or the pair ``(y, h)`` for a residual op (``r`` is then required).
+        """
         if self.family == "softmax":
             return fn(x, axis=axis)
         args = [x, w] + ([b] if "bias" in self.params else [])
+        if self.residual:
+            return fn(*args, axis=axis, eps=self.eps, residual=r)
         return fn(*args, axis=axis, eps=self.eps)
 
+    @property
+    def usage(self) -> str:
+        """How the benchmark calls cunorm, as shown in reports (markdown code)."""
+        if self.family == "softmax":
+            return f"`cunorm.{self.cunorm_attr}(x, axis=axis)`"
+        args = ", ".join(["x", "w"] + (["b"] if "bias" in self.params else []))
+        extra = ", residual=r" if self.residual else ""
+        return f"`cunorm.{self.cunorm_attr}({args}, eps={self.eps:g}{extra})`"
+
     # -- peers ----------------------------------------------------------------------------------
-    def torch_fn(self, torch: Any) -> Callable[[Any, Any, Any, int], Any]:
-        """``f(t, weight, bias, dim)`` in PyTorch eager (also what ``torch.compile`` compiles)."""
+    def torch_fn(self, torch: Any) -> Callable[[Any, Any, Any, Any, int], Any]:
+        """``f(t, weight, bias, residual, dim)`` in PyTorch eager (also what ``torch.compile``
+        compiles). ``residual`` is None except for residual ops, where ``f`` returns
+        ``(norm(t + residual), t + residual)``."""
         F = torch.nn.functional
         eps = self.eps
         if self.family == "softmax":
             if self.log:
-                return lambda t, w, b, dim: torch.log_softmax(t, dim)
-            return lambda t, w, b, dim: torch.softmax(t, dim)
+                return lambda t, w, b, r, dim: torch.log_softmax(t, dim)
+            return lambda t, w, b, r, dim: torch.softmax(t, dim)
         if self.rms:
-            return lambda t, w, b, dim: F.rms_norm(t, (t.shape[-1],), w, eps)
-        return lambda t, w, b, dim: F.layer_norm(t, (t.shape[-1],), w, b, eps)
 
-    def jax_fn(self, jax: Any, axis: int) -> Callable[[Any, Any, Any], Any]:
-        """``f(x, weight, bias)`` in JAX, to be wrapped in ``jax.jit``.
+            def norm(t: Any, w: Any, b: Any) -> Any:
+                return F.rms_norm(t, (t.shape[-1],), w, eps)
+
+        else:
+
+            def norm(t: Any, w: Any, b: Any) -> Any:
+                return F.layer_norm(t, (t.shape[-1],), w, b, eps)
+
+        if self.residual:
+
+            def fused(t: Any, w: Any, b: Any, r: Any, dim: int) -> tuple[Any, Any]:
+                h = t + r  # rounded to t's dtype, as cunorm's h
+                return norm(h, w, b), h
+
+            return fused
+        return lambda t, w, b, r, dim: norm(t, w, b)
+
+    def jax_fn(self, jax: Any, axis: int) -> Callable[[Any, Any, Any, Any], Any]:
+        """``f(x, weight, bias, residual)`` in JAX, to be wrapped in ``jax.jit``.
 
         The norms are written out in ``jnp`` (JAX has no fused norm op), computing in float32
-        for 16-bit inputs as the other implementations do.
+        for 16-bit inputs as the other implementations do. ``residual`` is None except for
+        residual ops, where ``f`` returns ``(norm(x + residual), x + residual)``.
         """
         jnp = jax.numpy
         eps = self.eps
         if self.family == "softmax":
             f = jax.nn.log_softmax if self.log else jax.nn.softmax
-            return lambda x, w, b: f(x, axis=axis)
+            return lambda x, w, b, r: f(x, axis=axis)
 
         def norm(x: Any, w: Any, b: Any) -> Any:
             ct = jnp.promote_types(x.dtype, jnp.float32)
@@ -168,11 +218,22 @@ class OpSpec:
                 y = y + b.astype(ct)
             return y.astype(x.dtype)
 
-        return norm
+        if self.residual:
+
+            def fused(x: Any, w: Any, b: Any, r: Any) -> tuple[Any, Any]:
+                h = x + r
+                return norm(h, w, b), h
+
+            return fused
+        return lambda x, w, b, r: norm(x, w, b)
 
     # -- checking -------------------------------------------------------------------------------
     def reference(self, xp: Any, x2d: Any, w: Any = None, b: Any = None) -> Any:
-        """Float64 result over the last axis of a 2-D ``x2d`` (NumPy or CuPy, any float dtype)."""
+        """Float64 result over the last axis of a 2-D ``x2d`` (NumPy or CuPy, any float dtype).
+
+        For a residual op, ``x2d`` is the normalized input ``h`` (see :func:`residual_sum`) and
+        the result is ``y``; ``h`` itself is checked for exact equality, not here.
+        """
         x = x2d.astype(xp.float64)
         if self.family == "softmax":
             s = x - x.max(axis=-1, keepdims=True)
@@ -191,14 +252,36 @@ class OpSpec:
             y = y + b.astype(xp.float64)
         return y
 
-    @staticmethod
-    def moved_bytes(size: int, itemsize: int) -> int:
-        """Bytes that must move: the input read once, the output written once.
+    def moved_bytes(self, size: int, itemsize: int) -> int:
+        """Bytes that must move: each of the op's :attr:`arrays_moved` full-size arrays once
+        (input read and output written; for a residual op also ``r`` read and ``h`` written).
 
         Norm weights, biases and statistics are O(cols) or O(rows), negligible next to
         ``rows * cols``, and are left out so every op is measured on the same scale.
         """
-        return 2 * size * itemsize
+        return self.arrays_moved * size * itemsize
+
+
+def residual_sum(x: Any, r: Any) -> Any:
+    """``x + r`` computed in float64 and rounded once to ``x``'s dtype (NumPy).
+
+    The ``h`` every residual implementation must return, bit for bit: it is the correctly
+    rounded sum. (The float64 sum of two float16/bfloat16/float32 values is exact unless one is
+    smaller than the other by a factor of 2**29 or more, and then it lies far from any tie of
+    ``x``'s dtype, so rounding it again gives the same result.)
+    """
+    return (x.astype(np.float64) + r.astype(np.float64)).astype(x.dtype)
+
+
+def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (True when its signature cannot be read)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins, C extensions: let the call decide
+        return True
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 # Softmax over a non-last axis, shapes from common models: attention scores (32, 21, 256, 256)
@@ -215,6 +298,26 @@ OPS: dict[str, OpSpec] = {
     ),
     "layer_norm": OpSpec("layer_norm", "layer_norm", "norm", params=("weight", "bias"), eps=1e-5),
     "rms_norm": OpSpec("rms_norm", "rms_norm", "norm", rms=True, params=("weight",), eps=1e-6),
+    # Pre-norm residual blocks: y, h = norm(x + r), x + r in one pass (4 arrays move, not 2).
+    "layer_norm_residual": OpSpec(
+        "layer_norm_residual",
+        "layer_norm",
+        "norm",
+        residual=True,
+        params=("weight", "bias"),
+        eps=1e-5,
+        arrays_moved=4,
+    ),
+    "rms_norm_residual": OpSpec(
+        "rms_norm_residual",
+        "rms_norm",
+        "norm",
+        rms=True,
+        residual=True,
+        params=("weight",),
+        eps=1e-6,
+        arrays_moved=4,
+    ),
     # "attention": OpSpec(..., rowwise=False, runner=...) -- added with the attention kernels.
 }
 

@@ -64,7 +64,8 @@ def _import_torch_cuda() -> Any:
 
 class TorchEager(Peer):
     """PyTorch eager: ``torch.softmax``, ``torch.log_softmax``, ``F.layer_norm``,
-    ``F.rms_norm`` (with weight, and bias for layer_norm)."""
+    ``F.rms_norm`` (with weight, and bias for layer_norm); for the residual norms
+    ``h = t + r`` then the norm of ``h``, returning ``(y, h)`` (two kernels)."""
 
     name = "torch"
 
@@ -73,16 +74,17 @@ class TorchEager(Peer):
 
     def build(self, case: Case) -> Callable[[], Any]:
         f = case.op.torch_fn(self.torch)
-        t, w, b = case.torch()
+        t, w, b, r = case.torch()
         dim = case.axis
-        return lambda: f(t, w, b, dim)
+        return lambda: f(t, w, b, r, dim)
 
 
 class TorchCompile(Peer):
     """``torch.compile(f, dynamic=False)`` of the eager function (Inductor writes Triton).
 
     One compiled function per (op, dtype); Dynamo recompiles it for each new shape, which the
-    first, untimed call of each case pays.
+    first, untimed call of each case pays. For the residual norms Inductor fuses the add into
+    the norm kernel (one pass writing y and h), which makes it the strongest peer there.
     """
 
     name = "torch.compile"
@@ -111,9 +113,9 @@ class TorchCompile(Peer):
         if key not in self._compiled:
             self._compiled[key] = self.torch.compile(case.op.torch_fn(self.torch), dynamic=False)
         f = self._compiled[key]
-        t, w, b = case.torch()
+        t, w, b, r = case.torch()
         dim = case.axis
-        return lambda: f(t, w, b, dim)
+        return lambda: f(t, w, b, r, dim)
 
 
 class Cupyx(Peer):
@@ -140,8 +142,9 @@ class Cupyx(Peer):
 
 
 class Jax(Peer):
-    """``jax.jit`` of ``jax.nn.softmax`` / ``log_softmax`` and of norms written in ``jnp``,
-    timed with wall clock around ``block_until_ready()`` (includes dispatch)."""
+    """``jax.jit`` of ``jax.nn.softmax`` / ``log_softmax`` and of norms written in ``jnp``
+    (with the residual add in the same jitted function for the residual norms), timed with
+    wall clock around ``block_until_ready()`` (includes dispatch)."""
 
     name = "jax"
     wall_clock = True
@@ -163,8 +166,10 @@ class Jax(Peer):
         if key not in self._jitted:
             self._jitted[key] = self.jax.jit(case.op.jax_fn(self.jax, case.axis))
         f = self._jitted[key]
-        x, w, b = case.jax()
-        return lambda: f(x, w, b).block_until_ready()
+        x, w, b, r = case.jax()
+        # Residual norms return the pair (y, h): wait for both.
+        block = getattr(self.jax, "block_until_ready", None) or _block_each
+        return lambda: block(f(x, w, b, r))
 
 
 class Triton(Peer):
@@ -186,14 +191,26 @@ class Triton(Peer):
             raise PeerUnavailable(f"{case.dtype} not covered by the minimal kernel")
         if case.x.ndim != 2 or not case.last_axis:
             raise PeerUnavailable("covers the last axis of a 2-D array only")
+        if op.residual:
+            raise PeerUnavailable(
+                f"the minimal Triton norm kernel has no fused residual add; {op.name} not timed"
+            )
         if case.cols > k.MAX_COLS:
             raise PeerUnavailable(f"cols > {k.MAX_COLS}: a row does not fit in registers")
-        t, w, b = case.torch()
+        t, w, b, _ = case.torch()
         if op.family == "softmax":
             log = op.log
             return lambda: k.softmax(t, log)
         eps, rms = op.eps, op.rms
         return lambda: k.norm(t, w, b, eps, rms)
+
+
+def _block_each(out: Any) -> Any:
+    """``block_until_ready()`` on a JAX array or on each array of a tuple (older JAX without
+    ``jax.block_until_ready``)."""
+    for a in out if isinstance(out, tuple | list) else (out,):
+        a.block_until_ready()
+    return out
 
 
 _PEER_CLASSES: dict[str, type[Peer]] = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .ops import OPS
 from .sweep import Cell, OpRun
 
 MISSING = "—"
@@ -296,24 +297,49 @@ def _versions_line(meta: dict[str, Any]) -> str:
 
 def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
     """The "how we measured" paragraph of a report."""
+    spec = OPS.get(op)
+    arrays = spec.arrays_moved if spec is not None else 2
+    usage = spec.usage if spec is not None else f"`cunorm.{op}(x, ...)`"
+    residual = spec is not None and spec.residual
+    if residual:
+        moved = (
+            f"{arrays}·rows·cols·itemsize / time (x and the residual r read, y and h = x + r "
+            "written; norm weights, biases and statistics are O(cols) or O(rows) and not "
+            "counted). Every implementation computes h = x + r rounded to x's dtype and "
+            "y = norm(h) and returns both: torch eager as `h = t + r` then the norm (two "
+            "kernels), torch.compile and JAX the same function compiled (Inductor fuses the "
+            "add into the norm kernel)"
+        )
+        triton = "triton: not timed (the minimal norm kernel has no fused residual add)"
+        guard = (
+            " For this op y is checked so against the norm of h_ref = x + r rounded to x's "
+            "dtype, and h must equal h_ref in every element."
+        )
+    else:
+        moved = (
+            f"{arrays}·rows·cols·itemsize / time (norm weights, biases and statistics are "
+            "O(cols) or O(rows) and not counted)"
+        )
+        triton = (
+            "triton: a minimal one-row-per-program kernel with the row in registers (cols ≤ 16384)"
+        )
+        guard = ""
     return (
-        "GB/s = (bytes read + bytes written) / time = 2·rows·cols·itemsize / time (norm "
-        "weights, biases and statistics are O(cols) or O(rows) and not counted). Every "
-        "implementation in a cell reads the same device buffer: random normal data created "
+        f"GB/s = (bytes read + bytes written) / time = {moved}. Every "
+        "implementation in a cell reads the same device buffers: random normal data created "
         "once with CuPy and shared with PyTorch and JAX through DLPack. GPU times: "
-        f"{meta['timer']}. cunorm is timed the way a user calls it (`cunorm.{op}(x, ...)`), "
+        f"{meta['timer']}. cunorm is timed the way a user calls it ({usage}), "
         "output allocation included (from CuPy's memory pool), like torch eager, "
         "torch.compile and the Triton peer. torch.compile: `torch.compile(f, dynamic=False)`, "
         "recompiled per shape and warmed before timing. JAX: `jax.jit`, wall clock around "
         "`block_until_ready()` after an L2 flush, so it includes dispatch (indicative only). "
-        "triton: a minimal one-row-per-program kernel with the row in registers (cols ≤ "
-        "16384). cupyx: `cupyx.scipy.special` (float16/float32). Copy bandwidth: "
+        f"{triton}. cupyx: `cupyx.scipy.special` (float16/float32). Copy bandwidth: "
         "device-to-device `cudaMemcpyAsync` of a 1 GiB buffer in the same run, counted as "
         "2 × bytes. Correctness guard: before timing, every output is compared with torch "
         "eager's on the same input (max |diff| over a row divided by the row's max |ref|; "
         "float16 2e-3, bfloat16 1.6e-2, float32 2e-6); rows over tolerance are re-checked "
-        "against a float64 reference, so PyTorch's own rounding is not blamed on others. A "
-        "failure shows as MISMATCH and never counts as best peer. '—': not covered (see notes)."
+        f"against a float64 reference, so PyTorch's own rounding is not blamed on others.{guard} "
+        "A failure shows as MISMATCH and never counts as best peer. '—': not covered (see notes)."
     )
 
 

@@ -456,8 +456,12 @@ def numpy_rows_for(cols: int) -> int:
 def run_numpy(
     op: OpSpec, fn: Callable[..., Any], cols_list: Iterable[int], notes: Notes
 ) -> list[dict[str, Any]]:
-    """Time ``op``'s NumPy path (float32) and check it against the float64 formula."""
-    from .ops import TOLERANCE
+    """Time ``op``'s NumPy path (float32) and check it against the float64 formula.
+
+    For a residual op the output must be ``(y, h)``: ``h`` equal to ``x + r`` rounded to
+    float32 in every element, ``y`` within tolerance of the norm of that ``h``.
+    """
+    from .ops import TOLERANCE, residual_sum
 
     rng = np.random.default_rng(0)
     out_rows = []
@@ -466,6 +470,7 @@ def run_numpy(
         x = rng.standard_normal((rows, cols), dtype=np.float32)
         w = rng.standard_normal(cols, dtype=np.float32) if "weight" in op.params else None
         b = rng.standard_normal(cols, dtype=np.float32) if "bias" in op.params else None
+        r = rng.standard_normal((rows, cols), dtype=np.float32) if op.residual else None
         row: dict[str, Any] = {
             "op": op.name,
             "dtype": "float32",
@@ -478,17 +483,30 @@ def run_numpy(
             "note": "",
         }
         try:
-            y = op.call(fn, x, w, b, -1)
+            out = op.call(fn, x, w, b, -1, r)
+            h_bad = 0
+            if r is None:
+                y = out
+            else:
+                if not isinstance(out, tuple) or len(out) != 2:
+                    raise TypeError(f"residual= returned {type(out).__name__}, expected (y, h)")
+                y, h = out
+                h_ref = residual_sum(x, r)
+                if not isinstance(h, np.ndarray) or h.shape != h_ref.shape:
+                    raise TypeError(f"h is {type(h).__name__}, expected a {h_ref.shape} ndarray")
+                h_bad = int(np.count_nonzero(h != h_ref))
             if not isinstance(y, np.ndarray):
                 raise TypeError(f"NumPy input returned {type(y).__name__}, expected ndarray")
-            ref = op.reference(np, x, w, b)
+            ref = op.reference(np, x if r is None else residual_sum(x, r), w, b)
             err = np.abs(y.astype(np.float64) - ref).max(axis=-1)
             err = np.nan_to_num(err / np.maximum(np.abs(ref).max(axis=-1), 1e-300), nan=np.inf)
             row["err"] = float(err.max())
-            if row["err"] > TOLERANCE["float32"]:
+            if row["err"] > TOLERANCE["float32"] or h_bad:
                 row["status"] = "MISMATCH"
-                notes(f"MISMATCH numpy {op.name} float32 {rows}x{cols}: error {row['err']:.2e}")
-            row["ms"] = host_ms(lambda x=x, w=w, b=b: op.call(fn, x, w, b, -1))
+                h_note = f", h != x + r in {h_bad} elements" if h_bad else ""
+                row["note"] = f"error {row['err']:.2e}{h_note}"
+                notes(f"MISMATCH numpy {op.name} float32 {rows}x{cols}: {row['note']}")
+            row["ms"] = host_ms(lambda x=x, w=w, b=b, r=r: op.call(fn, x, w, b, -1, r))
             row["gbps"] = gbps(op.moved_bytes(x.size, x.itemsize), row["ms"])
         except Exception as exc:
             row["status"] = "ERROR"
