@@ -412,11 +412,27 @@ template <typename C> struct MaxOp {
 };
 template <typename C> struct SumOp {
   static __device__ __forceinline__ C apply(C a, C b) { return a + b; }
-  static __device__ __forceinline__ C identity() { return C(0); }
+  static __device__ __forceinline__ C identity() { return C{}; }
+};
+
+// Two sums reduced as one value (layer_norm: the deviations from a provisional mean and their
+// squares), so they share every shuffle step, barrier and cluster exchange. Trivial, so it
+// may live in __shared__ memory; T{} is the zero of both.
+template <typename T> struct Sum2 {
+  T a, b;
+  __device__ __forceinline__ Sum2 operator+(const Sum2& o) const { return {a + o.a, b + o.b}; }
+  __device__ __forceinline__ Sum2& operator+=(const Sum2& o) {
+    a += o.a;
+    b += o.b;
+    return *this;
+  }
 };
 
 template <typename C> __device__ __forceinline__ C shfl_xor(C v, int mask, int width) {
   return __shfl_xor_sync(0xffffffffu, v, mask, width);
+}
+template <typename T> __device__ __forceinline__ Sum2<T> shfl_xor(Sum2<T> v, int mask, int width) {
+  return {shfl_xor(v.a, mask, width), shfl_xor(v.b, mask, width)};
 }
 
 // All-reduce over groups of GROUP consecutive lanes (GROUP a power of two <= 32).
@@ -633,7 +649,8 @@ template <int CLUSTER> struct Cluster {
 #endif
     __syncthreads();
   }
-  // Read a float or double at the same shared-memory offset in block `peer` of the cluster.
+  // Read a float, a double or a Sum2 of them at the same shared-memory offset in block `peer`
+  // of the cluster.
   static __device__ __forceinline__ unsigned remote_addr(const void* local, unsigned peer) {
     unsigned remote = static_cast<unsigned>(__cvta_generic_to_shared(local));
 #if __CUDA_ARCH__ >= 900
@@ -660,6 +677,9 @@ template <int CLUSTER> struct Cluster {
     }
 #endif
     return *local;
+  }
+  template <typename T> static __device__ __forceinline__ Sum2<T> read_peer(const Sum2<T>* local, unsigned peer) {
+    return {read_peer(&local->a, peer), read_peer(&local->b, peer)};
   }
 };
 

@@ -5,60 +5,84 @@
 namespace cunorm {
 
 // Per-row output: y = (x - mean) * rstd (rms_norm: x * rstd), before the affine store. The
-// mean is carried as a sum of two compute-type values (hi + lo) so a float32 row far from zero
-// (1e4 + N(0, 1)) subtracts a double-accurate mean in float arithmetic: x - hi is exact when x
-// is near the mean (Sterbenz), and lo corrects it.
+// mean is carried as a sum of two compute-type values (hi + lo: the provisional mean and its
+// correction) so a row far from zero (1e4 + N(0, 1)) subtracts a mean more accurate than one
+// float: x - hi is exact when x is near the mean (Sterbenz), and lo corrects it.
 template <typename C, bool RMS> struct NormOut {
   C hi, lo, rstd;
   __device__ __forceinline__ C operator()(C x) const { return RMS ? x * rstd : ((x - hi) - lo) * rstd; }
   __device__ __forceinline__ C kept(C x) const { return (*this)(x); }
 };
 
-// The norm policy of the row paths (rows.cuh). layer_norm: the mean, then the sum of squared
-// deviations from it (two passes over a row held in registers or shared memory: the exact
-// variance, no cancellation), Welford/Chan on the streaming paths; rms_norm: the sum of
-// squares only. Accumulation in double for every dtype (16-bit data too: 1e4 + N(0, 1) in
-// float16 rounds to a few distinct values whose variance is ~1e-3, and a float32 mean's
-// rounding, ~5e-4 at 1e4, would then cost 1e-4 relative in rstd), variance clamped at 0.
+// The norm policy of the row paths (rows.cuh), in the compute type C (float for 16-bit and
+// float32 data, double for float64). layer_norm: a provisional mean m = sum(x) / n, then in
+// one reduction the sums of d = x - m and of d^2 (the corrected two-pass algorithm): var =
+// (sum d^2 - (sum d)^2 / n) / n removes exactly the n * dm^2 by which sum d^2 exceeds the
+// true sum of squared deviations when m is off by dm, and the mean is m + sum(d) / n (carried
+// as hi + lo). So 1e4 + N(0, 1) keeps full float accuracy: x - m is exact near the mean
+// (Sterbenz), no value is squared before the mean is removed, and nothing is accumulated in
+// double (which measured half the bandwidth on short rows). rms_norm: the sum of squares.
+// The streaming paths fold a row into a double Welford/Chan (or sum-of-squares) state: their
+// per-thread runs are long, and they only serve rows past shared memory. Variance clamped at
+// 0 (NaN kept).
 template <typename C_, typename SRC, bool RMS> struct NormOp {
   typedef C_ C;
-  typedef double A;
-  typedef A S1;
-  typedef SumOp<A> R1;
-  typedef typename Conditional<RMS, SumSq<A>, MeanM2<A>>::type Online;
+  typedef typename Conditional<RMS, C, Sum2<C>>::type A;
+  typedef C S1;
+  typedef SumOp<C> R1;
+  typedef typename Conditional<RMS, SumSq<double>, MeanM2<double>>::type Online;
   typedef NormOut<C, RMS> Fin;
   static constexpr bool kFirst = !RMS;
   static constexpr bool kPadSafe = RMS;  // 0 adds nothing to a sum of squares; it does to
-                                         // a sum of squared deviations
+                                         // the sums of deviations
   template <typename R> struct Keeps { static constexpr bool value = false; };
-  A eps;
+  double eps;
   C* mean_out;  // per-row statistics in the compute type, or null
   C* rstd_out;
   static __device__ __forceinline__ C pad() { return C(0); }
-  __device__ __forceinline__ A first(A s, C x) const { return s + static_cast<A>(x); }
-  __device__ __forceinline__ A middle(A s, i64 cols) const {
-    return s * Math<A>::rcp(static_cast<A>(cols));
+  __device__ __forceinline__ C first(C s, C x) const { return s + x; }
+  __device__ __forceinline__ C middle(C s, i64 cols) const {
+    return s * Math<C>::rcp(static_cast<C>(cols));
   }
-  __device__ __forceinline__ A second(C& v, A mean) const {
-    const A d = RMS ? static_cast<A>(v) : static_cast<A>(v) - mean;
-    return d * d;
+  __device__ __forceinline__ A second(C& v, C mean) const {
+    if constexpr (RMS) {
+      return v * v;
+    } else {
+      const C d = v - mean;
+      return {d, d * d};
+    }
   }
-  __device__ __forceinline__ Fin finish(A mean, A ss, i64 cols) const {
-    A var = ss * Math<A>::rcp(static_cast<A>(cols));
-    var = (var > A(0) || var != var) ? var : A(0);  // clamp rounding below 0, keep NaN
+  __device__ __forceinline__ Fin finish(C mean, A s2, i64 cols) const {
+    const C inv_n = Math<C>::rcp(static_cast<C>(cols));
     Fin f;
-    f.hi = static_cast<C>(mean);
-    f.lo = static_cast<C>(mean - static_cast<A>(f.hi));
-    f.rstd = static_cast<C>(Math<A>::rsqrt(var + eps));
-    if (RMS) f.hi = f.lo = C(0);
+    C var;
+    if constexpr (RMS) {
+      var = s2 * inv_n;
+      f.hi = f.lo = C(0);
+    } else {
+      f.hi = mean;
+      f.lo = s2.a * inv_n;
+      var = fma(-f.lo, f.lo, s2.b * inv_n);
+    }
+    var = (var > C(0) || var != var) ? var : C(0);  // clamp rounding below 0, keep NaN
+    f.rstd = Math<C>::rsqrt(var + static_cast<C>(eps));
     return f;
   }
   template <typename S> __device__ __forceinline__ Fin finish_online(const S& st, i64 cols) const {
+    const double inv_n = rcp_f64(static_cast<double>(cols));
+    double mean = 0.0, var;
     if constexpr (RMS) {
-      return finish(A(0), st.s, cols);
+      var = st.s * inv_n;
     } else {
-      return finish(st.mean, st.m2, cols);
+      mean = st.mean;
+      var = st.m2 * inv_n;
     }
+    var = (var > 0.0 || var != var) ? var : 0.0;
+    Fin f;
+    f.hi = static_cast<C>(mean);
+    f.lo = static_cast<C>(mean - static_cast<double>(f.hi));
+    f.rstd = static_cast<C>(::rsqrt(var + eps));
+    return f;
   }
   __device__ __forceinline__ void write_stats(i64 row, const Fin& f) const {
     if (mean_out != nullptr) mean_out[row] = f.hi + f.lo;
@@ -68,9 +92,9 @@ template <typename C_, typename SRC, bool RMS> struct NormOp {
 
 // ---------------------------------------------------------------------------------------
 // Entry points. One parameter list for every path; a null weight / bias / mean / rstd is
-// absent, and the residual arguments are read only when RESIDUAL. The block path runs at most
-// 256 threads (softmax: 512): its values per thread then get up to 255 registers, which the
-// affine and residual variants need at 24 float values per thread.
+// absent, and the residual arguments are read only when RESIDUAL. The launch bounds are
+// softmax's; the block path's (512, 1) also keeps ptxas from spilling a register or two at
+// low pressure, as it did under a bare (512).
 #define CUNORM_NORM_PARAMS                                                                 \
   const SRC *x, SRC *y, i64 rows, i64 cols, i64 ldx, i64 ldy, const SRC *weight,           \
       const SRC *bias, const SRC *res, i64 ldr, SRC *h, i64 ldh,                           \
@@ -96,7 +120,7 @@ __global__ void __launch_bounds__(128, 4) norm_warp(CUNORM_NORM_PARAMS) {
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
-__global__ void __launch_bounds__(256, 1) norm_block(CUNORM_NORM_PARAMS) {
+__global__ void __launch_bounds__(512, 1) norm_block(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_block<PACK, COLS>));
 }
 

@@ -79,7 +79,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
     A s2[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      s2[r] = A(0);
+      s2[r] = A{};
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
         const bool valid = OP::kPadSafe || (static_cast<i64>(p) * GROUP + lane) * PACK < cols;
@@ -142,7 +142,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
       for (int i = 0; i < COLS; ++i) s1 = op.first(s1, buf[i]);
       s1 = op.middle(block_all_reduce<typename OP::R1>(s1, scratch1), cols);
     }
-    A s2 = A(0);
+    A s2 = A{};
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
       const bool valid =
@@ -216,7 +216,7 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
                          block_all_reduce<typename OP::R1>(t, scratch1), &slot1),
                      cols);
     }
-    A t2 = A(0);
+    A t2 = A{};
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
       C v[PACK];
       load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);

@@ -64,17 +64,17 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
+# The norms' own limits (H200, layer_norm with weight and bias, every path forced on the same
+# rows: tools/profile.py norms): float16 4096 ran at 3032 GB/s in registers and 3785 in shared
+# memory (2048: 3417 vs 3168), float32 8192 at 4006 in registers and 2762 in shared memory.
+NORM_BLOCK_MAX_COLS = {2: 3072, 4: 8192, 8: 0}
 BLOCK_TARGET_VALUES = 16
 BLOCK_THREADS = (128, 256, 512)
-NORM_BLOCK_THREADS = (128, 256)  # = __launch_bounds__(256) of norm_block (norm.cu)
 BLOCK_MAX_VALUES = {4: 24, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
-# The norm kernels keep more per value (the weight and bias of each pack at the affine store,
-# the x, residual and x + r addresses of the residual variant): with more values per thread
-# than these (warp and block paths alike) ptxas spills under the 128-register cap of the
-# launch bounds (measured with nvcc 13 for sm_80 and sm_90; tests/test_nvcc.py checks every
-# instantiation). Scalar packs cost an address per value, hence their lower cap.
-NORM_MAX_VALUES = {4: 24, 8: 16}
-NORM_MAX_VALUES_SCALAR = {4: 16, 8: 8}
+# The norm block kernels with scalar packs keep an address per value (the weight and bias at
+# the affine store, x, residual and x + r for the residual variant): past these they spill
+# under the 128-register cap of __launch_bounds__(512, 1) (nvcc 13, sm_80 and sm_90).
+NORM_BLOCK_MAX_VALUES_SCALAR = {4: 16, 8: 8}
 # Packs per thread the block path may use (a coarser set than the warp path's: fewer
 # instantiations, and each one compiles without spills on sm_80 and sm_90).
 BLOCK_PACKS_PER_THREAD = (1, 2, 3, 4, 6, 8, 12, 16, 24)
@@ -240,9 +240,11 @@ def pick_block(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int]:
 # --- row-wise (rows, cols) --------------------------------------------------------------
 def value_cap(family: str, path: str, cbytes: int, pack: int) -> int:
     """Most row values one thread may hold on the ``"warp"`` or ``"block"`` path."""
-    if family == "norm":
-        return (NORM_MAX_VALUES_SCALAR if pack == 1 else NORM_MAX_VALUES)[cbytes]
-    return (WARP_MAX_VALUES_PER_THREAD if path == "warp" else BLOCK_MAX_VALUES)[cbytes]
+    if path == "warp":
+        return WARP_MAX_VALUES_PER_THREAD[cbytes]
+    if family == "norm" and pack == 1:
+        return NORM_BLOCK_MAX_VALUES_SCALAR[cbytes]
+    return BLOCK_MAX_VALUES[cbytes]
 
 
 def warp_config(cols: int, pack: int, cbytes: int,
@@ -267,7 +269,7 @@ def block_config(cols: int, pack: int, cbytes: int,
     fp16 on 256 threads x 16 values ran at 80% of copy), then values per thread nearest
     BLOCK_TARGET_VALUES."""
     best = None
-    for threads in NORM_BLOCK_THREADS if family == "norm" else BLOCK_THREADS:
+    for threads in BLOCK_THREADS:
         need = _cdiv(_cdiv(cols, threads), pack)
         k = next((k for k in BLOCK_PACKS_PER_THREAD if k >= need), None)
         if k is None or k * pack > value_cap(family, "block", cbytes, pack):
@@ -385,7 +387,8 @@ def _choose_row_path(family: str, src: str, cols: int, pack: int, cbytes: int,
     isz = ITEMSIZE[src]
     if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family) is not None:
         return "warp"
-    if cols <= BLOCK_MAX_COLS[isz] and block_config(cols, pack, cbytes, family) is not None:
+    block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
+    if cols <= block_max and block_config(cols, pack, cbytes, family) is not None:
         return "block"
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:

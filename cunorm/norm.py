@@ -160,6 +160,10 @@ def _results(call: _Call, y, h, mean, rstd):
 # --- dispatch on the kind of array ------------------------------------------------------
 def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
     kind = _array.array_kind(x, op)
+    if kind == "cupy" and out is None:
+        res = _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual)
+        if res is not None:
+            return res
     named = (("weight", weight), ("bias", bias), ("residual", residual), ("out", out))
     if kind in ("numpy", "cupy"):
         call = _validate(op, kind, x, weight, bias, axis, eps, out, return_stats, residual)
@@ -168,7 +172,9 @@ def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
         for name, arr in named:
             if arr is not None:
                 _array.same_device(x, arr, op, name)
-        return _norm_cupy(call, x, weight, bias, out, residual)
+        key = None if out is not None else _recipe_key(op, x, weight, bias, axis, eps,
+                                                        return_stats, residual)
+        return _norm_cupy(call, x, weight, bias, out, residual, key)
     # torch / jax: every array of x's kind, then validated and computed as zero-copy CuPy
     # views, on the framework's stream.
     for name, arr in named:
@@ -189,7 +195,51 @@ def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
 
 
 # --- CuPy -------------------------------------------------------------------------------
-def _norm_cupy(call: _Call, x, weight, bias, out, residual):
+# Hot-path memo, as softmax's: the layouts of a call with no out= whose operands went
+# straight to the kernel (trailing axes, row views without copies, contiguous weight and
+# bias) -> (_Call, ldx, ldr, rows, cols). A hit skips validation and the layout work the first
+# call did (~35 us of host time on short rows, more than the kernel); only the pointers and
+# the device are new. Only plain int axes and Python float eps take it (True and 1.0 would
+# hash like 1).
+_RECIPES: dict[tuple, tuple] = {}
+
+
+def _layout(a) -> tuple | None:
+    return None if a is None else (a.shape, a.strides, a.dtype, type(a))
+
+
+def _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual) -> tuple | None:
+    if type(axis) is not int or type(eps) is not float or type(return_stats) is not bool:
+        return None
+    return (op, x.shape, x.strides, x.dtype, axis, eps, return_stats, _layout(weight),
+            _layout(bias), _layout(residual))
+
+
+def _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual):
+    """The result through the memo, or None on a miss (or operands on other devices: the
+    checked path then raises)."""
+    key = _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual)
+    recipe = _RECIPES.get(key) if key is not None else None
+    if recipe is None:
+        return None
+    dev = x.data.device_id
+    if any(a is not None and a.data.device_id != dev for a in (weight, bias, residual)):
+        return None
+    import cupy
+
+    call, ldx, ldr, rows, cols = recipe
+    y = cupy.empty(x.shape, x.dtype)
+    h = None if residual is None else cupy.empty(x.shape, x.dtype)
+    stats_dt = np.dtype(call.stats_dtype)
+    mean = cupy.empty(rows, stats_dt) if return_stats and not call.rms else None
+    rstd = cupy.empty(rows, stats_dt) if return_stats else None
+    _launch(call, x, ldx, y, cols, weight, bias, residual, ldr, h, mean, rstd, rows, cols)
+    shape = call.stats_shape
+    return _results(call, y, h, None if mean is None else mean.reshape(shape),
+                    None if rstd is None else rstd.reshape(shape))
+
+
+def _norm_cupy(call: _Call, x, weight, bias, out, residual, memo_key=None):
     import cupy
 
     stats_dt = np.dtype(call.stats_dtype)
@@ -226,6 +276,10 @@ def _norm_cupy(call: _Call, x, weight, bias, out, residual):
     b = None if bias is None else cupy.ascontiguousarray(bias).reshape(cols)
 
     _launch(call, xs, ldx, y, ldy, w, b, rs, ldr, h, mean, rstd, rows, cols)
+    if (memo_key is not None and trailing and xs is x and (rs is None or rs is residual)
+            and (w is None or w.data.ptr == weight.data.ptr)
+            and (b is None or b.data.ptr == bias.data.ptr)):
+        _RECIPES[memo_key] = (call, ldx, ldr, rows, cols)
 
     if not trailing:
         inv = [int(i) for i in np.argsort(perm)]

@@ -924,22 +924,31 @@ def test_norm_plans_use_norm_kernels(op: str, src: str, residual: bool) -> None:
 
 @pytest.mark.parametrize("src", list(ITEMSIZE))
 def test_norm_value_caps(src: str) -> None:
-    """The norm kernels hold at most NORM_MAX_VALUES values per thread (fewer for scalar packs):
-    rows beyond the warp cap go to the block path."""
+    """The norm kernels hold as many values per thread as softmax's, except on the block path
+    with scalar packs (NORM_BLOCK_MAX_VALUES_SCALAR); longer rows go to the next path."""
     cb = 8 if src == "float64" else 4
     for pack in (1, 2, 4, 8):
         if pack * ITEMSIZE[src] > 16:
             continue
         cap = d.value_cap("norm", "warp", cb, pack)
-        assert cap == (d.NORM_MAX_VALUES_SCALAR if pack == 1 else d.NORM_MAX_VALUES)[cb]
+        assert cap == d.value_cap("softmax", "warp", cb, pack) == d.WARP_MAX_VALUES_PER_THREAD[cb]
         cfg = d.warp_config(32 * cap, pack, cb, "norm")
         assert cfg is not None and cfg[0] <= cap
         assert d.warp_config(32 * cap + 32 * pack, pack, cb, "norm") is None
+        cap = d.value_cap("norm", "block", cb, pack)
+        assert cap == (d.NORM_BLOCK_MAX_VALUES_SCALAR if pack == 1 else d.BLOCK_MAX_VALUES)[cb]
         for cols in range(pack * 128, 512 * cap + 1, pack * 61):
             bcfg = d.block_config(cols, pack, cb, "norm")
             assert bcfg is None or bcfg[1] <= cap
+        if pack == 1:
+            assert cap < d.value_cap("softmax", "block", cb, pack)
+            bcfg = d.block_config(512 * (cap + 1), 1, cb, "softmax")
+            assert bcfg is not None and d.block_config(512 * (cap + 1), 1, cb, "norm") is None
     plan = d.plan_rows("layer_norm", src, src, 4096, 1536, 16, H100, fake_occ(H100))
-    assert plan.path == ("smem" if src == "float64" else "block")  # no float64 block path
+    # 48 values per lane fit a warp at 16 bits; float32 rows that long take the block path
+    # (float64: none, it goes to shared memory)
+    assert plan.path == {"float16": "warp", "bfloat16": "warp", "float32": "block",
+                         "float64": "smem"}[src]
 
 
 @pytest.mark.parametrize(("op", "src", "dst", "residual", "message"), [
@@ -956,3 +965,14 @@ def test_kernel_head_rejects(op: str, src: str, dst: str, residual: bool, messag
 def test_norms_have_no_strided_path() -> None:
     with pytest.raises(ValueError, match="no strided kernel for layer_norm"):
         d.plan_strided("layer_norm", "float32", "float32", 2, 8, 16, 4, H100, fake_occ(H100))
+
+
+@pytest.mark.parametrize(("op", "src", "cols", "path"), [
+    ("layer_norm", "float32", 8192, "block"), ("softmax", "float32", 8192, "smem"),
+    ("rms_norm", "float16", 3000, "block"), ("layer_norm", "float16", 4096, "smem"),
+    ("softmax", "float16", 4096, "block"), ("layer_norm", "bfloat16", 3072, "block"),
+])
+def test_norm_block_limits(op: str, src: str, cols: int, path: str) -> None:
+    """The norms keep rows in registers up to their own measured limits (NORM_BLOCK_MAX_COLS),
+    which differ from softmax's."""
+    assert d.plan_rows(op, src, src, 4096, cols, 16, H100, fake_occ(H100)).path == path

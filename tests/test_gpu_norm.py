@@ -845,3 +845,27 @@ def test_more_than_2_31_elements(op, rows, cols, path, residual):
         _check_big(op, rows, cols, path, residual)
     finally:
         cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_repeated_layouts_take_the_memo(rng, op):
+    """A second call with the same layouts goes through the hot-path memo (no validation):
+    same bits as the first call, fresh outputs, and a layout change (strided weight, other
+    eps, stats asked) misses the memo and is still right."""
+    x, xh = random_input(rng, (64, 1000), np.float16)
+    w, b, wh, bh = affine(rng, op, (1000,), np.float16)
+    first = call(op, x, w, b)
+    assert any(k[0] == op and k[1] == x.shape for k in norm_module._RECIPES)
+    again = call(op, x, w, b)
+    assert again is not first and same_bits(cupy.asnumpy(again), cupy.asnumpy(first))
+    x2, xh2 = random_input(rng, (64, 1000), np.float16)  # same layout, new data
+    ref = reference(op, xh2, -1, wh, bh)[0]
+    assert rel_err(cupy.asnumpy(call(op, x2, w, b)), ref) <= TOL["float16"]
+    w_wide = cupy.zeros(2000, w.dtype)
+    w_wide[::2] = w
+    y, *stats = call(op, x2, w_wide[::2], b, return_stats=True, eps=1e-3)
+    ref, ref_mean, ref_rstd = reference(op, xh2, -1, wh, bh, eps=1e-3)
+    assert rel_err(cupy.asnumpy(y), ref) <= TOL["float16"]
+    np.testing.assert_allclose(cupy.asnumpy(stats[-1]), ref_rstd, rtol=1e-5)
+    with pytest.raises(ValueError, match="weight"):
+        call(op, x2, cupy.ones(999, w.dtype), b)

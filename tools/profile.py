@@ -1,7 +1,10 @@
-"""Host overhead and per-kernel profiles for the softmax paths (run on the GPU machine).
+"""Host overhead and per-kernel profiles for the row paths (run on the GPU machine).
 
 ``python tools/profile.py overhead`` prints the host time per call of a small softmax;
-``ncu ... python tools/profile.py kernels`` runs one launch of each representative shape.
+``ncu ... python tools/profile.py kernels`` runs one launch of each representative shape;
+``python tools/profile.py norms`` times layer_norm / rms_norm on every path that can take a
+shape (GB/s, L2 flushed) and ``ncu ... python tools/profile.py norm-kernels`` runs one launch
+of the short-row norm and softmax kernels for comparison.
 """
 
 from __future__ import annotations
@@ -99,6 +102,68 @@ def strided(launch_only: bool = False) -> None:
     cupy.cuda.Device().synchronize()
 
 
+NORM_CASES = [("float16", 32), ("float16", 2048), ("float16", 4096), ("float16", 8192),
+              ("float16", 16384), ("float32", 32), ("float32", 4096), ("float32", 8192),
+              ("float32", 16384)]
+
+
+def _norm_inputs(dt: str, cols: int, rows: int = 49152):
+    x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+    b = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+    return x, w, b
+
+
+def norms() -> None:
+    """GB/s of layer_norm (with weight and bias) on each path that can take each NORM_CASES
+    shape, and host time per call at the shortest rows."""
+    from triton.testing import do_bench
+
+    from cunorm import _dispatch
+
+    for dt, cols in NORM_CASES:
+        x, w, b = _norm_inputs(dt, cols, 49152 if cols <= 8192 else 24576)
+        y = cupy.empty_like(x)
+        for path in (None, "warp", "block", "smem", "cluster"):
+            try:
+                with _dispatch.force_path(path):
+                    cunorm.layer_norm(x, w, b, out=y)
+                    ms = do_bench(functools.partial(cunorm.layer_norm, x, w, b, out=y),
+                                  warmup=10, rep=50, return_mode="median")
+            except ValueError as err:
+                if path is None or f"path '{path}'" not in str(err):
+                    raise
+                continue
+            gbps = 2 * x.nbytes / ms / 1e6
+            print(f"layer_norm {dt} {x.shape} {path or 'default':8s} {gbps:6.0f} GB/s")
+    x, w, b = _norm_inputs("float16", 32)
+    for name, fn in (("layer_norm", lambda: cunorm.layer_norm(x, w, b)),
+                     ("rms_norm", lambda: cunorm.rms_norm(x, w)),
+                     ("softmax", lambda: cunorm.softmax(x))):
+        for _ in range(100):
+            fn()
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        t1 = time.perf_counter()
+        cupy.cuda.Device().synchronize()
+        ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+        print(f"{name} float16 (49152, 32): host {(t1 - t0) / 2000 * 1e6:.1f} us/call, "
+              f"do_bench {ms * 1e3:.1f} us")
+
+
+def norm_kernels() -> None:
+    x, w, b = _norm_inputs("float16", 32)
+    for _ in range(2):  # the first call compiles
+        cunorm.layer_norm(x, w, b)
+        cunorm.rms_norm(x, w)
+        cunorm.layer_norm(x)
+        cunorm.softmax(x)
+    cupy.cuda.Device().synchronize()
+
+
 if __name__ == "__main__":
     {"overhead": overhead, "kernels": kernels, "strided": strided,
-     "strided-launch": lambda: strided(True)}[sys.argv[1]]()
+     "strided-launch": lambda: strided(True), "norms": norms,
+     "norm-kernels": norm_kernels}[sys.argv[1]]()
