@@ -172,6 +172,8 @@ def forced_path() -> str | None:
 # --- kernel names -----------------------------------------------------------------------
 def kernel_file(name: str) -> str:
     """Source file under ``cuda_src/`` defining kernel ``name``."""
+    if name.startswith("cunorm::attn_"):
+        return "attention.cu"
     return "norm.cu" if name.startswith("cunorm::norm_") else "softmax.cu"
 
 
@@ -526,4 +528,7 @@ def all_kernel_names(arch: int) -> list[str]:
                     names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
                 names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {c}>"
                              for c in clusters)
+    from ._attn_dispatch import all_kernel_names as attention_kernel_names
+
+    names.update(attention_kernel_names())
     return sorted(names)

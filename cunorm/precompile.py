@@ -54,8 +54,8 @@ def kernel_names(arch: int) -> list[str]:
     >>> names = kernel_names(90)
     >>> len(names) == len(set(names))
     True
-    >>> sorted({n.split("<")[0] for n in names})[:3]
-    ['cunorm::norm_block', 'cunorm::norm_smem', 'cunorm::norm_smem_cluster']
+    >>> sorted({n.split("<")[0] for n in names})[:4]
+    ['cunorm::attn_combine', 'cunorm::attn_simt', 'cunorm::attn_tc', 'cunorm::norm_block']
     """
     return _dispatch.all_kernel_names(arch)
 

@@ -163,7 +163,35 @@ def norm_kernels() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def attention() -> None:
+    """TFLOP/s of cunorm.attention against torch SDPA's flash backend, bf16, 16k tokens."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    for d in (64, 128):
+        for seq in (1024, 4096, 16384):
+            for causal in (False, True):
+                b, h = 16384 // seq, 2048 // d
+                q, k, v = (cupy.random.standard_normal((b, h, seq, d), dtype=np.float32)
+                           .astype(cupy.dtype("bfloat16")) for _ in range(3))
+                flops = 4 * b * h * seq * seq * d / (2 if causal else 1)
+                ms = do_bench(functools.partial(cunorm.attention, q, k, v, causal=causal),
+                              warmup=5, rep=30, return_mode="median")
+                tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv,
+                                                                           is_causal=causal)
+                    ms_fa = do_bench(functools.partial(
+                        torch.nn.functional.scaled_dot_product_attention, tq, tk, tv,
+                        is_causal=causal), warmup=5, rep=30, return_mode="median")
+                ours = torch.from_dlpack(cunorm.attention(q, k, v, causal=causal))
+                err = float((ours.float() - ref.float()).abs().max())
+                print(f"D={d} L={seq} causal={causal}: cunorm {flops / ms / 1e9:6.1f} TFLOP/s, "
+                      f"FA2 {flops / ms_fa / 1e9:6.1f}, max|diff| {err:.2e}")
+
+
 if __name__ == "__main__":
     {"overhead": overhead, "kernels": kernels, "strided": strided,
      "strided-launch": lambda: strided(True), "norms": norms,
-     "norm-kernels": norm_kernels}[sys.argv[1]]()
+     "norm-kernels": norm_kernels, "attention": attention}[sys.argv[1]]()

@@ -1,4 +1,4 @@
-"""Drive every softmax, layer_norm and rms_norm kernel path on small inputs, for
+"""Drive every softmax, layer_norm, rms_norm and attention kernel path on small inputs, for
 compute-sanitizer.
 
 Usage: ``compute-sanitizer --tool memcheck python tools/sanitize.py`` (also racecheck).
@@ -49,6 +49,7 @@ def main() -> int:
                     print(f"WRONG strided {path} {np.dtype(dt).name} {shape}")
                     bad += 1
     bad += check_norms(rng, cases)
+    bad += check_attention(rng)
     cupy.cuda.Device().synchronize()
     print(f"sanitize driver: {bad} wrong results")
     return 1 if bad else 0
@@ -114,5 +115,33 @@ def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
     return bad
 
 
+def check_attention(rng: np.random.Generator) -> int:
+    """Every attention kernel (tensor-core, SIMT, split-KV merge) on ragged shapes, GQA,
+    causal with Lq != Lk, masks, odd head dims and a strided layout."""
+    from cunorm import _attn_dispatch
+
+    bad = 0
+    shapes = [(1, 4, 2, 37, 70, 64, 64), (2, 2, 1, 1, 300, 128, 128), (1, 2, 2, 5, 9, 17, 33),
+              (1, 2, 1, 70, 40, 256, 256), (1, 1, 1, 19, 33, 96, 96)]
+    for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
+        for b, hq, hkv, lq, lk, d, dv in shapes:
+            q = cupy.asarray(rng.standard_normal((b, lq, hq, d)).astype(dt)).transpose(0, 2, 1, 3)
+            k = cupy.asarray(rng.standard_normal((b, hkv, lk, d)).astype(dt))
+            v = cupy.asarray(rng.standard_normal((b, hkv, lk, dv)).astype(dt))
+            mask = cupy.asarray(rng.random((lq, lk)) < 0.8)
+            for split in (1, 3):
+                for causal, m in ((False, None), (True, None), (False, mask)):
+                    with _attn_dispatch.force_split(split):
+                        out, lse = cunorm.attention(q, k, v, causal=causal, mask=m,
+                                                    return_lse=True)
+                    o = cupy.asnumpy(out).astype(np.float64)
+                    if not np.isfinite(o).all() or np.abs(o).max() > 10:
+                        print(f"WRONG attention {np.dtype(dt).name} {(b, hq, hkv, lq, lk, d, dv)}"
+                              f" split={split} causal={causal} mask={m is not None}")
+                        bad += 1
+    return bad
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -1,0 +1,238 @@
+"""Pure launch planning for fused attention (``cuda_src/attention.cu``).
+
+Like :mod:`cunorm._dispatch`, nothing here touches CuPy or a GPU: the caller passes the device
+description and an occupancy oracle ``occ(kernel_name, block, dynamic_smem) -> blocks per SM``,
+so every branch is unit-tested on a CPU.
+
+A launch covers, for every (batch, KV head), the ``G * Lq`` query rows of that KV head's
+``G = Hq / Hkv`` query heads, flattened (grouped-query attention shares each K/V tile across the
+group). float16 / bfloat16 run on tensor cores (``attn_tc``, 64 or 128 query rows per block),
+float32 / float64 on the SIMT path (``attn_simt``, 8 rows per block). When the row tiles cannot
+fill the GPU (decoding: ``Lq = 1``), the keys are split over ``splits`` blocks per row tile
+(FlashDecoding) and ``attn_combine`` merges the partial results by their log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ._device import DeviceProps
+from ._dispatch import CTYPE, Occupancy, _cdiv
+
+TC_DTYPES = ("float16", "bfloat16")
+SIMT_DTYPES = ("float32", "float64")
+MAX_HEAD_DIM = 256
+#: tensor-core path: query rows per block and warp row tile (4 warps x 16; x MW, see
+#: tc_row_tiles_per_warp), threads, head dims compiled
+TC_BLOCK_M = 64
+TC_THREADS = 128
+#: SIMT path: query rows per block (one warp each), keys per tile
+SIMT_ROWS = 8
+SIMT_THREADS = 256
+SIMT_BLOCK_N = 32
+SIMT_ACC_BYTES = 8  # the SIMT path stages K, V and q in double (AttnWork in attention.cu)
+COMBINE_THREADS = 128
+#: split-KV: at most this many splits, each at least this many key tiles
+MAX_SPLITS = 128
+MIN_TILES_PER_SPLIT = 2
+MAX_GRID = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class AttnPlan:
+    """How to launch one attention forward.
+
+    Attributes
+    ----------
+    kernel : str
+        Main kernel (NVRTC name expression).
+    combine : str
+        Split-KV merge kernel, used when ``splits > 1``.
+    grid : tuple[int, int, int]
+        ``(row_tiles * batch * Hkv, 1, splits)``.
+    block : int
+        Threads per block.
+    smem : int
+        Dynamic shared memory in bytes.
+    row_tiles : int
+        Row tiles per (batch, KV head).
+    splits : int
+        Key ranges per row tile (1: no split, the kernel writes the output directly).
+    """
+
+    kernel: str
+    combine: str
+    grid: tuple[int, int, int]
+    block: int
+    smem: int
+    row_tiles: int
+    splits: int
+
+
+_FORCED_SPLIT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "cunorm_attn_split", default=None)
+
+
+@contextlib.contextmanager
+def force_split(splits: int | None) -> Iterator[None]:
+    """Force the split-KV count of every attention plan made inside the block (tests).
+
+    ``1`` disables splitting; ``None`` restores the planner's choice. A count larger than the
+    number of key tiles leaves some splits empty, which the merge must handle.
+
+    Examples
+    --------
+    >>> with force_split(3):
+    ...     pass  # cunorm.attention(q, k, v) here splits the keys three ways
+    """
+    if splits is not None and (not isinstance(splits, int) or not 1 <= splits <= MAX_SPLITS):
+        raise ValueError(f"force_split(): splits must be an int in [1, {MAX_SPLITS}] or None, "
+                         f"got {splits!r}")
+    token = _FORCED_SPLIT.set(splits)
+    try:
+        yield
+    finally:
+        _FORCED_SPLIT.reset(token)
+
+
+def forced_split() -> int | None:
+    """The split count forced by the innermost :func:`force_split`, or ``None``."""
+    return _FORCED_SPLIT.get()
+
+
+def padded_head_dim(d: int, dv: int) -> int:
+    """Head dim the tensor-core kernel is compiled for: max(D, Dv) rounded up to 32."""
+    return _cdiv(max(d, dv), 32) * 32
+
+
+#: tensor-core tiles by padded head dim: (keys per tile BN, m16 row tiles per warp MW). MW = 2
+#: feeds each K/V fragment read from shared memory to two mma, but measured no faster (H200,
+#: bf16 D = 64, 16k tokens: 164-190 TFLOP/s against 163-180 with MW = 1, and causal L = 1024
+#: at 68 against 135: larger row tiles waste the diagonal); it also spills from D = 128 on.
+#: Every head dim runs MW = 1: BN = 64 up to D = 128, 32 beyond (registers).
+TC_TILES = {32: (64, 1), 64: (64, 1), 96: (64, 1), 128: (64, 1), 160: (32, 1), 192: (32, 1),
+            224: (32, 1), 256: (32, 1)}
+
+
+def tc_block_n(dp: int) -> int:
+    """Keys per tile of the tensor-core kernel (TC_TILES)."""
+    return TC_TILES[dp][0]
+
+
+def tc_row_tiles_per_warp(dp: int) -> int:
+    """m16 row tiles per warp of the tensor-core kernel (TC_TILES)."""
+    return TC_TILES[dp][1]
+
+
+def tc_block_m(dp: int) -> int:
+    """Query rows per block of the tensor-core kernel: 4 warps x 16 x MW."""
+    return TC_BLOCK_M * tc_row_tiles_per_warp(dp)
+
+
+def tc_kernel(ctype: str, dp: int) -> str:
+    return f"cunorm::attn_tc<{ctype}, {dp}, {tc_block_n(dp)}, {tc_row_tiles_per_warp(dp)}>"
+
+
+def tc_smem(dp: int) -> int:
+    """Shared memory of ``attn_tc``: the Q tile and two stages of K and V tiles (16-bit)."""
+    return (tc_block_m(dp) + 4 * tc_block_n(dp)) * dp * 2
+
+
+def simt_smem(d: int, dv: int, itemsize: int) -> int:
+    """Shared memory of ``attn_simt``: a K tile (odd row stride), a V tile, 8 query rows."""
+    ksd = d + 1 if d % 2 == 0 else d
+    return (SIMT_BLOCK_N * ksd + SIMT_BLOCK_N * dv + SIMT_ROWS * d) * itemsize
+
+
+def choose_splits(row_blocks: int, key_tiles: int, resident: int) -> int:
+    """Split-KV count: enough blocks to fill ``resident`` slots (SMs x blocks per SM) when
+    the row tiles alone cannot, with at least MIN_TILES_PER_SPLIT key tiles per split."""
+    if row_blocks >= resident or key_tiles < 2 * MIN_TILES_PER_SPLIT:
+        return 1
+    want = _cdiv(resident, row_blocks)
+    return max(1, min(want, key_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+
+
+def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hkv: int,
+                   group: int, props: DeviceProps, occ: Occupancy,
+                   splits: int | None = None) -> AttnPlan:
+    """Plan an attention forward.
+
+    Parameters
+    ----------
+    dtype : str
+        ``"float16"``, ``"bfloat16"``, ``"float32"`` or ``"float64"`` (q, k, v and out).
+    d, dv : int
+        Head dims of q/k and of v (1 to 256).
+    lq, lk : int
+        Query and key lengths (>= 1).
+    batch, hkv, group : int
+        Batch (leading dims collapsed), KV heads, query heads per KV head.
+    props : DeviceProps
+        Target device.
+    occ : Occupancy
+        Occupancy oracle.
+    splits : int, optional
+        Force the split-KV count (default: :func:`forced_split`, else the planner's choice).
+
+    Returns
+    -------
+    AttnPlan
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
+    >>> p = plan_attention("bfloat16", 128, 128, 4096, 4096, 4, 16, 1, h100, lambda k, b, s: 2)
+    >>> p.kernel, p.grid, p.splits
+    ('cunorm::attn_tc<cunorm::bf16_t, 128, 64, 1>', (4096, 1, 1), 1)
+    >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits
+    33
+    """
+    if dtype not in CTYPE:
+        raise ValueError(f"no attention kernel for {dtype}; expected one of {tuple(CTYPE)}")
+    if not (1 <= d <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
+        raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got D={d}, Dv={dv}")
+    if min(lq, lk, batch, hkv, group) < 1:
+        raise ValueError("attention plan needs lq, lk, batch, hkv and group >= 1")
+    ctype = CTYPE[dtype]
+    rows = group * lq
+    if dtype in TC_DTYPES:
+        dp = padded_head_dim(d, dv)
+        bn = tc_block_n(dp)
+        kernel = tc_kernel(ctype, dp)
+        smem, threads, bm = tc_smem(dp), TC_THREADS, tc_block_m(dp)
+    else:
+        bn = SIMT_BLOCK_N
+        kernel = f"cunorm::attn_simt<{ctype}, {_cdiv(dv, 32)}>"
+        smem, threads, bm = simt_smem(d, dv, SIMT_ACC_BYTES), SIMT_THREADS, SIMT_ROWS
+    if smem > props.smem_per_block_optin:
+        raise ValueError(f"attention with D={d}, Dv={dv} needs {smem} bytes of shared memory "
+                         f"per block; the device allows {props.smem_per_block_optin}")
+    row_tiles = _cdiv(rows, bm)
+    row_blocks = row_tiles * batch * hkv
+    if row_blocks > MAX_GRID:
+        raise ValueError(f"attention grid too large: {row_blocks} blocks")
+    if splits is None:
+        splits = forced_split()
+    if splits is None:
+        resident = props.sm_count * max(1, occ(kernel, threads, smem))
+        splits = choose_splits(row_blocks, _cdiv(lk, bn), resident)
+    return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (row_blocks, 1, splits), threads,
+                    smem, row_tiles, splits)
+
+
+def all_kernel_names() -> list[str]:
+    """Every attention kernel the planner can emit (nvcc test, precompile)."""
+    names = []
+    for dtype in TC_DTYPES:
+        ctype = CTYPE[dtype]
+        names += [tc_kernel(ctype, dp) for dp in TC_TILES]
+    for dtype in SIMT_DTYPES:
+        ctype = CTYPE[dtype]
+        names += [f"cunorm::attn_simt<{ctype}, {n}>" for n in range(1, MAX_HEAD_DIM // 32 + 1)]
+    names += [f"cunorm::attn_combine<{CTYPE[dt]}>" for dt in TC_DTYPES + SIMT_DTYPES]
+    return names

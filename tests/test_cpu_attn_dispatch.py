@@ -1,0 +1,89 @@
+"""The attention planner (:mod:`cunorm._attn_dispatch`) on fake devices: kernel choice per
+dtype and head dim, shared memory, grid, split-KV choice and forcing, bad plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from cunorm import _attn_dispatch as a
+from cunorm import _dispatch
+from cunorm._device import DeviceProps
+
+H100 = DeviceProps("fake H100", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
+SMALL = DeviceProps("fake small", (8, 0), 16, 2048, 49152, 65536, 4 << 20)
+
+
+def occ2(kernel: str, block: int, smem: int) -> int:
+    return 2
+
+
+@pytest.mark.parametrize(("d", "dp"), [(1, 32), (32, 32), (33, 64), (64, 64), (80, 96),
+                                       (128, 128), (129, 160), (256, 256)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensor_core_kernel_per_head_dim(dtype: str, d: int, dp: int) -> None:
+    p = a.plan_attention(dtype, d, d, 1000, 1000, 2, 8, 1, H100, occ2, splits=1)
+    bn, mw = a.TC_TILES[dp]
+    assert p.kernel == f"cunorm::attn_tc<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {mw}>"
+    assert p.block == a.TC_THREADS and p.smem == (64 * mw + 4 * bn) * dp * 2
+    assert p.row_tiles == -(-1000 // (64 * mw)) and p.grid == (p.row_tiles * 16, 1, 1)
+    assert p.kernel in a.all_kernel_names() and p.combine in a.all_kernel_names()
+
+
+@pytest.mark.parametrize(("dtype", "dv", "per_lane"), [("float32", 64, 2), ("float64", 256, 8),
+                                                       ("float32", 33, 2), ("float64", 1, 1)])
+def test_simt_kernel(dtype: str, dv: int, per_lane: int) -> None:
+    p = a.plan_attention(dtype, 40, dv, 9, 70, 1, 2, 3, H100, occ2, splits=1)
+    assert p.kernel == f"cunorm::attn_simt<{_dispatch.CTYPE[dtype]}, {per_lane}>"
+    assert p.row_tiles == -(-27 // a.SIMT_ROWS) and p.smem == a.simt_smem(40, dv, 8)
+
+
+def test_grouped_query_rows_are_flattened() -> None:
+    """G query heads x Lq rows per KV head share a row tile: decoding with 8 query heads per
+    KV head is one tile per (batch, KV head)."""
+    p = a.plan_attention("bfloat16", 128, 128, 1, 64, 4, 4, 8, H100, occ2, splits=1)
+    assert p.row_tiles == 1 and p.grid == (16, 1, 1)
+
+
+def test_split_kv_when_rows_cannot_fill_the_gpu() -> None:
+    decode = a.plan_attention("float16", 128, 128, 1, 131072, 1, 8, 4, H100, occ2)
+    assert decode.splits == a.choose_splits(8, 131072 // 64, 264) == 33
+    prefill = a.plan_attention("float16", 128, 128, 4096, 4096, 4, 16, 1, H100, occ2)
+    assert prefill.splits == 1
+    short = a.plan_attention("float16", 64, 64, 1, 100, 1, 1, 1, H100, occ2)
+    assert short.splits == 1  # 2 key tiles: not worth splitting
+    assert a.choose_splits(1, 10_000, 10_000) == a.MAX_SPLITS
+    assert a.choose_splits(1, 7, 100) == 7 // a.MIN_TILES_PER_SPLIT
+
+
+def test_force_split() -> None:
+    with a.force_split(5):
+        assert a.forced_split() == 5
+        assert a.plan_attention("float32", 8, 8, 4, 4, 1, 1, 1, H100, occ2).splits == 5
+        with a.force_split(None):
+            assert a.plan_attention("float32", 8, 8, 4, 4, 1, 1, 1, H100, occ2).splits == 1
+    assert a.forced_split() is None
+    for bad in (0, a.MAX_SPLITS + 1, 2.0):
+        with pytest.raises(ValueError, match="force_split"), a.force_split(bad):
+            pass
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("int8", 64, 64), "no attention kernel for int8"),
+    (("float16", 0, 64), "head dims must be in"),
+    (("float16", 64, 257), "head dims must be in"),
+])
+def test_bad_plans(args, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        a.plan_attention(*args, 8, 8, 1, 1, 1, H100, occ2)
+
+
+def test_shared_memory_limit() -> None:
+    with pytest.raises(ValueError, match="shared memory"):
+        a.plan_attention("float64", 256, 256, 8, 8, 1, 1, 1, SMALL, occ2)
+
+
+def test_kernel_files_and_names() -> None:
+    names = a.all_kernel_names()
+    assert len(names) == len(set(names)) == 2 * len(a.TC_TILES) + 2 * 8 + 4
+    assert all(_dispatch.kernel_file(n) == "attention.cu" for n in names)
+    assert set(names) <= set(_dispatch.all_kernel_names(90))
