@@ -6,9 +6,11 @@ touches the GPU or compiles anything.
 """
 
 from ._config import show_config
+from .attention import attention
 from .norm import layer_norm, rms_norm
 from .softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
 
-__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "show_config", "__version__"]
+__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "attention", "show_config",
+           "__version__"]

@@ -196,12 +196,29 @@ def axes_block(axes: tuple[int, ...]) -> tuple[int, int] | None:
 
 
 # --- outputs ----------------------------------------------------------------------------
-def check_kind(arr: object, kind: str, fname: str, argname: str) -> None:
-    """``arr`` must be an array of the same kind as x (``kind``)."""
+def check_kind(arr: object, kind: str, fname: str, argname: str, ref: str = "x") -> None:
+    """``arr`` must be an array of the same kind as the reference argument ``ref`` (x), of
+    kind ``kind``."""
     arr_kind = array_kind(arr, fname, argname)
     if arr_kind != kind:
-        raise TypeError(f"{fname}(): {argname} is a {arr_kind} array but x is a {kind} array; "
-                        "they must be the same kind")
+        raise TypeError(f"{fname}(): {argname} is a {arr_kind} array but {ref} is a {kind} "
+                        "array; they must be the same kind")
+
+
+def kind_dtype_name(arr, kind: str) -> str:
+    """Dtype name of an array of kind ``kind`` (``torch.float16`` -> ``"float16"``)."""
+    if kind in ("cupy", "numpy"):
+        return dtype_name(arr.dtype)
+    return str(arr.dtype).replace("torch.", "")
+
+
+def check_same_dtype(arr, kind: str, dtype_name_: str, fname: str, argname: str,
+                     ref: str = "x") -> None:
+    """``arr`` (of kind ``kind``) must have the dtype of ``ref``, ``dtype_name_``."""
+    name = kind_dtype_name(arr, kind)
+    if name != dtype_name_:
+        raise TypeError(f"{fname}(): {argname} has dtype {name}; expected {dtype_name_} "
+                        f"(the dtype of {ref})")
 
 
 def check_operand(arr: object, kind: str, shape: tuple[int, ...], dtype_name_: str,
@@ -212,51 +229,45 @@ def check_operand(arr: object, kind: str, shape: tuple[int, ...], dtype_name_: s
     if tuple(arr.shape) != tuple(shape):
         raise ValueError(f"{fname}(): {argname} has shape {tuple(arr.shape)}; expected "
                          f"{tuple(shape)}")
-    name = str(arr.dtype).replace("torch.", "")
-    if kind in ("cupy", "numpy"):
-        name = dtype_name(arr.dtype)
-    if name != dtype_name_:
-        raise TypeError(f"{fname}(): {argname} has dtype {name}; expected {dtype_name_} "
-                        "(the dtype of x)")
+    check_same_dtype(arr, kind, dtype_name_, fname, argname)
 
 
 def check_out(out: object, kind: str, shape: tuple[int, ...], dtype_name_: str,
-              fname: str) -> None:
+              fname: str, ref: str = "x") -> None:
     """Validate ``out=`` against the expected result (kind, shape, dtype)."""
-    check_kind(out, kind, fname, "out")
+    check_kind(out, kind, fname, "out", ref)
     if kind == "jax":
         raise TypeError(f"{fname}(): out= is not supported for jax.Array inputs "
                         "(JAX arrays are immutable)")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{fname}(): out has shape {tuple(out.shape)}; expected {tuple(shape)}")
-    name = str(out.dtype).replace("torch.", "")
-    if kind in ("cupy", "numpy"):
-        name = dtype_name(out.dtype)
+    name = kind_dtype_name(out, kind)
     if name != dtype_name_:
         raise TypeError(f"{fname}(): out has dtype {name}; expected {dtype_name_}")
 
 
-def same_device(a, b, fname: str, argname: str) -> None:
-    """CuPy arrays ``a`` (x) and ``b`` must live on one device."""
+def same_device(a, b, fname: str, argname: str, ref: str = "x") -> None:
+    """CuPy arrays ``a`` (the argument ``ref``, x) and ``b`` must live on one device."""
     if a.device.id != b.device.id:
-        raise ValueError(f"{fname}(): {argname} is on device {b.device.id} but x is on "
+        raise ValueError(f"{fname}(): {argname} is on device {b.device.id} but {ref} is on "
                          f"device {a.device.id}")
 
 
 # --- frameworks through DLPack ----------------------------------------------------------
 @contextlib.contextmanager
-def framework_stream(x: object, kind: str, fname: str) -> Iterator[None]:
+def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> Iterator[None]:
     """Run CuPy work on the framework's current stream for ``x`` (torch), so no
     synchronisation is needed in either direction. JAX exposes no stream; DLPack's stream
-    handshake orders the work instead."""
+    handshake orders the work instead. ``argname`` is ``x``'s name in messages."""
     if kind == "torch":
         if not x.is_cuda:
-            raise TypeError(f"{fname}(): x is a CPU torch.Tensor; cunorm computes on CUDA "
-                            "tensors (pass x.numpy() for the NumPy reference path)")
+            raise TypeError(f"{fname}(): {argname} is a CPU torch.Tensor; cunorm computes on "
+                            f"CUDA tensors (pass {argname}.numpy() for the NumPy reference "
+                            "path)")
         cupy = _cupy()
         if cupy is None:
-            raise RuntimeError(f"{fname}(): x is a CUDA torch.Tensor but CuPy is not installed "
-                               "(pip install 'cunorm[cuda13]' or 'cunorm[cuda12]')")
+            raise RuntimeError(f"{fname}(): {argname} is a CUDA torch.Tensor but CuPy is not "
+                               "installed (pip install 'cunorm[cuda13]' or 'cunorm[cuda12]')")
         import torch
 
         stream = torch.cuda.current_stream(x.device)

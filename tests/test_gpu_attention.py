@@ -1,0 +1,633 @@
+"""GPU tests of ``cunorm.attention``: every dtype and head dim, causal or not, no / boolean /
+additive (broadcast) masks, grouped-query heads, Lq != Lk at ragged lengths, non-contiguous
+layouts, every split-KV count forced on the same inputs; log-sum-exp, fully masked rows,
+Lk = 1, empty problems, bad input, PyTorch SDPA on large shapes, PyTorch / JAX round trips.
+Skipped (with the reason) where no CUDA GPU is present.
+
+Errors are relative max-norms per row (the largest |out - ref| over the largest |ref| of a
+query row, as ``test_gpu_norm.rel_err``) against a float64 reference computed on the host
+from the same rounded inputs. Each must be within DESIGN section 3's bound for the dtype and
+at most twice the error of a naive implementation in the same precision (cuBLAS-style
+matmuls accumulating in float32, float64 for float64, rounded to the dtype; a softmax in
+float32 for 16-bit inputs, as PyTorch's math path), plus two units of the dtype's rounding
+so that exact cases do not fail on rounding ties.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import cunorm
+
+cupy = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+try:
+    _N_GPUS = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # CuPy installed, no driver / no device
+    _N_GPUS = 0
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(_N_GPUS == 0, reason="no CUDA GPU: GPU tests not run")]
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+#: DESIGN section 3: relative max-norm error per row against float64
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
+#: unit roundoff of each dtype; twice it is the slack over 2x the naive error (a rounding tie)
+UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-52}
+#: (D, Dv): every head dim the issue names, and Dv != D
+HEAD_DIMS = [(16, 16), (32, 32), (40, 40), (64, 64), (80, 80), (96, 96), (128, 128),
+             (160, 160), (256, 256), (64, 32)]
+#: None: the dispatcher's choice; then every forced split-KV count (1 = no split)
+SPLITS = [None, 1, 2, 7]
+
+
+# --- helpers ----------------------------------------------------------------------------
+def launch_module():
+    return importlib.import_module("cunorm._attn_launch")
+
+
+def force_split(n: int | None):
+    """The dispatcher's own choice (None) or ``n`` KV splits forced."""
+    if n is None:
+        return contextlib.nullcontext()
+    return importlib.import_module("cunorm._attn_dispatch").force_split(n)
+
+
+def to_host(a) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else cupy.asnumpy(a)
+
+
+def reference(q, k, v, *, causal: bool = False, scale: float | None = None, mask=None):
+    """float64 ``(out, lse)`` on the host: key/value heads repeated for grouped queries,
+    masks applied as conditions, max-subtracted softmax; fully masked rows 0 and -inf."""
+    q, k, v = (np.asarray(to_host(a), np.float64) for a in (q, k, v))
+    mask = None if mask is None else to_host(mask)
+    hq, lq, d = q.shape[-3:]
+    hkv, lk, dv = v.shape[-3:]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    lead = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    q = np.broadcast_to(q, (*lead, hq, lq, d))
+    k = np.repeat(np.broadcast_to(k, (*lead, hkv, lk, d)), hq // hkv, axis=-3)
+    v = np.repeat(np.broadcast_to(v, (*lead, hkv, lk, dv)), hq // hkv, axis=-3)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        s = (q @ np.swapaxes(k, -1, -2)) * scale
+        if mask is not None:
+            m = np.broadcast_to(mask, s.shape)
+            s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + m.astype(np.float64)
+        if causal:
+            s = np.where(np.tril(np.ones((lq, lk), bool), k=lk - lq), s, -np.inf)
+        mx = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+        dead = np.isneginf(mx)
+        p = np.exp(s - np.where(dead, 0.0, mx))
+        total = p.sum(axis=-1, keepdims=True)
+        out = (p @ v) / np.where(dead, 1.0, total)
+        lse = np.where(dead, -np.inf, mx + np.log(total))[..., 0]
+    return out, lse
+
+
+def naive(q, k, v, *, causal: bool = False, scale: float | None = None, mask=None):
+    """Attention as a framework computes it without fusion, on the GPU in q's precision:
+    ``S = q @ k^T`` (float32 accumulation, float64 for float64, rounded to the dtype), scaled
+    and masked in the dtype, a softmax computed in float32 (float64) and rounded, then
+    ``P @ v`` rounded. Fully masked rows come out NaN (they are checked separately)."""
+    dt = q.dtype
+    acc = np.float64 if dt == np.float64 else np.float32
+
+    def rnd(a):
+        return a.astype(dt).astype(acc)
+
+    hq, lq, d = q.shape[-3:]
+    hkv, lk, dv = v.shape[-3:]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    lead = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    qa = cupy.broadcast_to(q, (*lead, hq, lq, d)).astype(acc)
+    ka = cupy.repeat(cupy.broadcast_to(k, (*lead, hkv, lk, d)).astype(acc), hq // hkv, axis=-3)
+    va = cupy.repeat(cupy.broadcast_to(v, (*lead, hkv, lk, dv)).astype(acc), hq // hkv, axis=-3)
+    s = rnd(qa @ cupy.swapaxes(ka, -1, -2))
+    s = rnd(s * acc(scale))
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            s = cupy.where(cupy.broadcast_to(mask, s.shape), s, -np.inf)
+        else:
+            s = rnd(s + mask.astype(dt).astype(acc))
+    if causal:
+        keep = cupy.asarray(np.tril(np.ones((lq, lk), bool), k=lk - lq))
+        s = cupy.where(keep, s, -np.inf)
+    e = cupy.exp(s - s.max(axis=-1, keepdims=True))
+    p = rnd(e / e.sum(axis=-1, keepdims=True))
+    return (p @ va).astype(dt)
+
+
+def row_errors(y, ref: np.ndarray) -> np.ndarray:
+    """Relative max-norm error of each query row (the last axis)."""
+    y = np.asarray(to_host(y), np.float64).reshape(-1, ref.shape[-1])
+    ref = ref.reshape(-1, ref.shape[-1])
+    num = np.abs(y - ref).max(axis=-1, initial=0.0)
+    den = np.abs(ref).max(axis=-1, initial=0.0)
+    return num / np.maximum(den, 1e-300)
+
+
+def check(out, lse, ref: np.ndarray, ref_lse: np.ndarray, naive_err: float, dtype: np.dtype,
+          where: str) -> float:
+    """out / lse of one run against the reference: fully masked rows exactly 0 and -inf;
+    other rows within DESIGN's bound and 2x the naive error (+ 2 units of rounding).
+    Returns the error."""
+    assert isinstance(out, cupy.ndarray) and out.dtype == dtype, where
+    assert out.shape == ref.shape, (where, out.shape, ref.shape)
+    host = np.asarray(to_host(out), np.float64)
+    dead = np.isneginf(ref_lse).reshape(-1)
+    rows = host.reshape(-1, ref.shape[-1])
+    assert np.all(rows[dead] == 0), f"{where}: a fully masked row is not exactly 0"
+    err = float(row_errors(host, ref)[~dead].max(initial=0.0))
+    bound = min(TOL[dtype.name], 2 * naive_err + 2 * UNIT[dtype.name])
+    assert err <= bound, (f"{where}: error {err:.3g} > {bound:.3g} (naive {naive_err:.3g}, "
+                          f"bound {TOL[dtype.name]:.3g})")
+    if lse is not None:
+        assert isinstance(lse, cupy.ndarray) and lse.dtype == np.float32, where
+        assert lse.shape == ref_lse.shape, (where, lse.shape)
+        got = to_host(lse).astype(np.float64)
+        assert np.array_equal(np.isneginf(got), np.isneginf(ref_lse)), f"{where}: -inf rows"
+        fin = np.isfinite(ref_lse)
+        np.testing.assert_allclose(got[fin], ref_lse[fin], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"{where}: lse")
+    return err
+
+
+def assert_is_value(got: np.ndarray, want: np.ndarray, dtype: np.dtype, where: str) -> None:
+    """A query that sees exactly one key returns that key's value: bit for bit in 16-bit
+    dtypes (the weight 1 may come out 1 +- an ulp of float32, far below a 16-bit rounding),
+    within 4 units of rounding in float32 / float64."""
+    want = np.broadcast_to(want, got.shape)
+    if dtype.itemsize == 2:
+        assert np.array_equal(got, want), where
+    else:
+        np.testing.assert_allclose(got, want, rtol=4 * UNIT[dtype.name], atol=0, err_msg=where)
+
+
+def randn(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> np.ndarray:
+    return (scale * rng.standard_normal(shape)).astype(dtype)
+
+
+# --- the scenarios every (dtype, head dim, causal) case runs --------------------------------
+@dataclass(frozen=True)
+class Scenario:
+    """One problem: sizes, a mask and the layout of the operands. Together the scenarios
+    cover Lq in {1, 17, 63, 65, 129}, Lk in {17, 63, 65, 129, 300}, Lq > Lk, GQA 1 and 4,
+    no / bool / additive masks broadcast in several ways, fully masked rows, and layouts:
+    contiguous, (B, L, H, D) transposed views (out included), a zero-stride batch, 3-D K/V
+    under 4-D queries, a strided last axis (copied) and leading dims that do not collapse."""
+
+    name: str
+    lead: tuple[int, ...]
+    hq: int
+    hkv: int
+    lq: int
+    lk: int
+    mask: str | None  # None, "bool", "additive"
+    mask_shape: str  # which broadcast of (..., Hq, Lq, Lk)
+    layout: str
+
+
+SCENARIOS = [
+    Scenario("decode", (3,), 8, 2, 1, 300, None, "", "blhd"),
+    Scenario("prefill_bool", (2,), 3, 3, 17, 63, "bool", "b1qk", "contiguous"),
+    Scenario("lq_gt_lk_additive", (2,), 8, 2, 65, 17, "additive", "qk", "broadcast_batch"),
+    Scenario("padding_loop", (2, 3), 4, 1, 129, 129, "bool", "k", "lead_loop"),
+    Scenario("strided_q_full_mask", (2,), 2, 2, 63, 65, "additive", "full", "strided_last"),
+]
+
+
+def make_case(rng, sc: Scenario, dtype: np.dtype, d: int, dv: int):
+    """(q, k, v, mask, out) CuPy arrays in ``sc``'s layout; out poisoned with NaN."""
+    def dev(shape, order=None):
+        a = cupy.asarray(randn(rng, shape, dtype))
+        return a if order is None else a.transpose(order)
+
+    lead, hq, hkv, lq, lk = sc.lead, sc.hq, sc.hkv, sc.lq, sc.lk
+    if sc.layout == "blhd":  # (B, L, H, D) buffers passed as (B, H, L, D) views
+        q = dev((*lead, lq, hq, d), (0, 2, 1, 3))
+        k = dev((*lead, lk, hkv, d), (0, 2, 1, 3))
+        v = dev((*lead, lk, hkv, dv), (0, 2, 1, 3))
+        out = cupy.full((*lead, lq, hq, dv), np.nan, dtype).transpose(0, 2, 1, 3)
+    elif sc.layout == "broadcast_batch":  # one K/V for the whole batch, zero stride
+        q = dev((*lead, hq, lq, d))
+        k = cupy.broadcast_to(dev((1, hkv, lk, d)), (*lead, hkv, lk, d))
+        v = cupy.broadcast_to(dev((1, hkv, lk, dv)), (*lead, hkv, lk, dv))
+        out = cupy.full((*lead, hq, lq, dv), np.nan, dtype)
+    elif sc.layout == "lead_loop":  # q's two leading dims cannot collapse into one
+        q = dev((lead[0], 2 * lead[1], hq, lq, d))[:, ::2]
+        k, v = dev((lead[1], hkv, lk, d)), dev((lead[1], hkv, lk, dv))
+        out = cupy.full((*lead, hq, lq, dv), np.nan, dtype)
+    elif sc.layout == "strided_last":  # q's last axis strided (copied); K/V 3-D
+        q = dev((*lead, hq, lq, 2 * d))[..., ::2]
+        k, v = dev((hkv, lk, d)), dev((hkv, lk, dv))
+        out = cupy.full((*lead, hq, lq, dv), np.nan, dtype)
+    else:
+        q = dev((*lead, hq, lq, d))
+        k, v = dev((*lead, hkv, lk, d)), dev((*lead, hkv, lk, dv))
+        out = cupy.full((*lead, hq, lq, dv), np.nan, dtype)
+
+    mask = None
+    if sc.mask is not None:
+        shape = {"b1qk": (*lead, 1, lq, lk), "qk": (lq, lk), "k": (1, 1, lk),
+                 "full": (*lead, hq, lq, lk)}[sc.mask_shape]
+        keep = rng.random(shape) > 0.25
+        if sc.mask_shape == "k":
+            keep[..., lk - 29:] = False  # key padding
+        if len(shape) >= 3 and shape[-2] > 5:
+            keep[..., 5, :] = False  # a fully masked query row
+        if sc.mask == "bool":
+            mask = cupy.asarray(keep)
+        else:
+            add = np.where(keep, 0.5 * rng.standard_normal(shape), -np.inf).astype(dtype)
+            mask = cupy.asarray(add)
+    return q, k, v, mask, out
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(("d", "dv"), HEAD_DIMS, ids=lambda x: str(x))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: dt.name)
+def test_matches_reference(rng, dtype, d, dv, causal):
+    """Every scenario, every split count on the same inputs, out poisoned with NaN."""
+    for sc in SCENARIOS:
+        q, k, v, mask, out = make_case(rng, sc, dtype, d, dv)
+        ref, ref_lse = reference(q, k, v, causal=causal, mask=mask)
+        live = ~np.isneginf(ref_lse).reshape(-1)
+        nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live]
+                     .max(initial=0.0))
+        for split in SPLITS:
+            out[...] = np.nan  # every element must be written
+            with force_split(split):
+                res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
+                                            return_lse=True)
+            assert res is out
+            check(out, lse, ref, ref_lse, nerr, dtype, f"{sc.name} split={split}")
+        # no out=, no lse: a fresh CuPy array of the broadcast shape
+        res = cunorm.attention(q, k, v, causal=causal, mask=mask)
+        check(res, None, ref, ref_lse, nerr, dtype, f"{sc.name} fresh")
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: dt.name)
+def test_one_key(rng, dtype, split):
+    """Lk = 1: each query that sees the key returns its value exactly; lse is the score."""
+    q = cupy.asarray(randn(rng, (2, 4, 5, 64), dtype))
+    k = cupy.asarray(randn(rng, (2, 2, 1, 64), dtype))
+    v = cupy.asarray(randn(rng, (2, 2, 1, 64), dtype))
+    vfull = np.repeat(cupy.asnumpy(v), 2, axis=1)
+    ref_lse = reference(q, k, v)[1]
+    for causal in (False, True):
+        with force_split(split):
+            out, lse = cunorm.attention(q, k, v, causal=causal, return_lse=True)
+        host = cupy.asnumpy(out)
+        seen = slice(4, 5) if causal else slice(0, 5)  # causal: only the last query sees it
+        assert_is_value(host[:, :, seen], vfull, dtype, f"causal={causal}")
+        if causal:
+            assert np.all(host[:, :, :4] == 0)
+            assert np.all(np.isneginf(cupy.asnumpy(lse)[:, :, :4]))
+        np.testing.assert_allclose(cupy.asnumpy(lse)[:, :, seen], ref_lse[:, :, seen],
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: dt.name)
+def test_fully_masked_rows_and_empty_chunks(rng, dtype, split):
+    """Rows with no key (exactly 0, lse -inf) next to rows whose only keys sit in one split
+    chunk, so most chunks of a split row hold nothing but -inf."""
+    lq, lk, d = 8, 1000, 64
+    q = cupy.asarray(randn(rng, (2, 4, lq, d), dtype))
+    k = cupy.asarray(randn(rng, (2, 4, lk, d), dtype))
+    v = cupy.asarray(randn(rng, (2, 4, lk, d), dtype))
+    keep = np.zeros((2, 4, lq, lk), bool)
+    keep[:, :, 1, 0] = True  # the first key only
+    keep[:, :, 2, -1] = True  # the last key only
+    keep[:, :, 3, 490:510] = True  # a window in the middle
+    keep[:, :, 4] = True
+    keep[1, 2, 4] = False
+    keep[:, :, 6, ::97] = True
+    mask = cupy.asarray(keep)
+    additive = cupy.asarray(np.where(keep, 0.0, -np.inf).astype(dtype))
+    ref, ref_lse = reference(q, k, v, mask=mask)
+    live = ~np.isneginf(ref_lse).reshape(-1)
+    nerr = float(row_errors(naive(q, k, v, mask=mask), ref)[live].max(initial=0.0))
+    for m in (mask, additive):
+        out = cupy.full((2, 4, lq, d), np.nan, dtype)
+        with force_split(split):
+            res, lse = cunorm.attention(q, k, v, mask=m, out=out, return_lse=True)
+        check(res, lse, ref, ref_lse, nerr, dtype, f"split={split} mask={m.dtype}")
+        host = cupy.asnumpy(res)
+        assert np.all(host[:, :, [0, 5, 7]] == 0) and np.all(host[1, 2, 4] == 0)
+        assert_is_value(host[:, :, 1], cupy.asnumpy(v)[:, :, 0], dtype, "first key only")
+        assert_is_value(host[:, :, 2], cupy.asnumpy(v)[:, :, -1], dtype, "last key only")
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_causal_lq_greater_than_lk(rng, split):
+    """Bottom-right alignment: with Lq = 40 > Lk = 25 the first 15 queries see nothing."""
+    q = cupy.asarray(randn(rng, (1, 2, 40, 64), np.float16))
+    k = cupy.asarray(randn(rng, (1, 2, 25, 64), np.float16))
+    v = cupy.asarray(randn(rng, (1, 2, 25, 64), np.float16))
+    with force_split(split):
+        out, lse = cunorm.attention(q, k, v, causal=True, return_lse=True)
+    host, lh = cupy.asnumpy(out), cupy.asnumpy(lse)
+    assert np.all(host[:, :, :15] == 0) and np.all(np.isneginf(lh[:, :, :15]))
+    ref, ref_lse = reference(q, k, v, causal=True)
+    nerr = float(row_errors(naive(q, k, v, causal=True), ref)[
+        ~np.isneginf(ref_lse).reshape(-1)].max())
+    check(out, lse, ref, ref_lse, nerr, np.dtype(np.float16), f"split={split}")
+
+
+# --- layouts: what reaches the launcher ------------------------------------------------------
+@pytest.fixture
+def launches(monkeypatch):
+    """Records what every launcher call receives (pointers, shapes, strides, stream)."""
+    mod = launch_module()
+    real = mod.launch_attention
+    calls: list[dict] = []
+
+    def spy(q, k, v, out, **kwargs):
+        calls.append({name: (a.data.ptr, a.shape, a.strides)
+                      for name, a in (("q", q), ("k", k), ("v", v), ("out", out))}
+                     | {"stream": cupy.cuda.get_current_stream().ptr, **kwargs})
+        return real(q, k, v, out, **kwargs)
+
+    monkeypatch.setattr(mod, "launch_attention", spy)
+    return calls
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """The launcher must not be called."""
+    def fail(*args, **kwargs):
+        raise AssertionError("the launcher was called")
+
+    monkeypatch.setattr(launch_module(), "launch_attention", fail)
+
+
+def test_transposed_views_and_broadcast_batch_are_not_copied(rng, launches):
+    base = {n: cupy.asarray(randn(rng, (2, 33, 4, 64), np.float16)) for n in "qkv"}
+    q, k, v = (base[n].transpose(0, 2, 1, 3) for n in "qkv")
+    obuf = cupy.full((2, 33, 4, 64), np.nan, np.float16)
+    out = obuf.transpose(0, 2, 1, 3)
+    cunorm.attention(q, k, v, out=out)
+    assert len(launches) == 1
+    for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
+        assert launches[0][name] == (a.data.ptr, a.shape, a.strides), name
+    # one K/V for every batch element: a zero batch stride, no copy
+    k1 = cupy.asarray(randn(rng, (1, 4, 33, 64), np.float16))
+    kb = cupy.broadcast_to(k1, (2, 4, 33, 64))
+    launches.clear()
+    cunorm.attention(q, kb, kb)
+    assert launches[0]["k"][0] == k1.data.ptr and launches[0]["k"][2][0] == 0
+    # 3-D K/V under 4-D queries (leading dims broadcast), GQA: K/V heads passed as they are
+    k3 = cupy.asarray(randn(rng, (1, 33, 64), np.float16))
+    launches.clear()
+    out = cunorm.attention(q, k3, k3)
+    assert out.shape == (2, 4, 33, 64)
+    assert launches[0]["k"][0] == k3.data.ptr and launches[0]["k"][1] == (2, 1, 33, 64)
+    ref, ref_lse = reference(q, k3, k3)
+    check(out, None, ref, ref_lse, float(row_errors(naive(q, k3, k3), ref).max()),
+          np.dtype(np.float16), "3-D k/v")
+
+
+def test_strided_last_axis_is_copied_and_loops_launch_per_slice(rng, launches):
+    q = cupy.asarray(randn(rng, (2, 6, 4, 17, 128), np.float32))[:, ::2, :, :, ::2]
+    k = cupy.asarray(randn(rng, (3, 2, 63, 64), np.float32))
+    v = cupy.asarray(randn(rng, (3, 2, 63, 64), np.float32))
+    out = cunorm.attention(q, k, v)
+    assert out.shape == (2, 3, 4, 17, 64)
+    assert launches and all(c["k"][0] == k.data.ptr for c in launches[:1])
+    assert all(c["q"][2][-1] == 4 for c in launches)  # a unit-stride copy of q
+    ref, ref_lse = reference(q, k, v)
+    check(out, None, ref, ref_lse, float(row_errors(naive(q, k, v), ref).max()),
+          np.dtype(np.float32), "strided")
+    # leading dims that cannot collapse: one launch per outer index, K/V never copied
+    qv = cupy.asarray(randn(rng, (2, 6, 4, 17, 64), np.float32))[:, ::2]
+    launches.clear()
+    out = cunorm.attention(qv, k, v, causal=True)
+    assert len(launches) == 2
+    assert {c["v"][0] for c in launches} == {v.data.ptr}
+    ref, ref_lse = reference(qv, k, v, causal=True)
+    check(out, None, ref, ref_lse, float(row_errors(naive(qv, k, v, causal=True), ref).max()),
+          np.dtype(np.float32), "loop")
+
+
+def test_out_overlapping_inputs(rng):
+    buf = cupy.asarray(randn(rng, (4, 2, 40, 64), np.float32))
+    q, k, v = buf[:2], buf[2:], cupy.asarray(randn(rng, (2, 2, 40, 64), np.float32))
+    ref, ref_lse = reference(q, k, v)
+    nerr = float(row_errors(naive(q, k, v), ref).max())
+    assert cunorm.attention(q, k, v, out=q) is q  # in place
+    check(q, None, ref, ref_lse, nerr, np.dtype(np.float32), "out=q")
+    q, k = buf[:2], buf[2:]
+    q[...] = cupy.asarray(randn(rng, (2, 2, 40, 64), np.float32))
+    ref, ref_lse = reference(q, k, v)
+    nerr = float(row_errors(naive(q, k, v), ref).max())
+    out = buf[1:3]  # overlaps q and k
+    assert cunorm.attention(q, k, v, out=out) is out
+    check(out, None, ref, ref_lse, nerr, np.dtype(np.float32), "overlap")
+
+
+# --- empty problems and bad input: no launch -------------------------------------------------
+@pytest.mark.parametrize(("qs", "ks", "vs"), [
+    ((0, 2, 3, 64), (0, 2, 4, 64), (0, 2, 4, 64)),
+    ((2, 0, 3, 64), (2, 0, 4, 64), (2, 0, 4, 64)),
+    ((2, 2, 0, 64), (2, 2, 4, 64), (2, 2, 4, 64)),
+    ((2, 2, 3, 64), (2, 2, 0, 64), (2, 2, 0, 64)),
+], ids=str)
+def test_empty_without_launch(no_launch, qs, ks, vs):
+    q, k, v = (cupy.zeros(s, np.float16) for s in (qs, ks, vs))
+    out, lse = cunorm.attention(q, k, v, return_lse=True)
+    assert out.shape == (*qs[:-1], vs[-1]) and lse.shape == qs[:-1]
+    assert isinstance(out, cupy.ndarray) and lse.dtype == np.float32
+    if ks[-2] == 0 and out.size:  # no keys: fully masked rows
+        assert float(cupy.abs(out).max()) == 0.0
+        assert bool((lse == -np.inf).all())
+
+
+def test_dv_zero_still_gives_lse(rng):
+    q = cupy.asarray(randn(rng, (2, 4, 9, 64), np.float16))
+    k = cupy.asarray(randn(rng, (2, 2, 30, 64), np.float16))
+    out, lse = cunorm.attention(q, k, cupy.zeros((2, 2, 30, 0), np.float16), return_lse=True,
+                                causal=True)
+    assert out.shape == (2, 4, 9, 0)
+    _, lse1 = cunorm.attention(q, k, k[..., :1], return_lse=True, causal=True)
+    assert bool((lse == lse1).all())
+
+
+def test_bad_input_never_launches_and_leaves_out_untouched(rng, no_launch, monkeypatch):
+    q = cupy.asarray(randn(rng, (2, 4, 16, 64), np.float32))
+    k = cupy.asarray(randn(rng, (2, 2, 32, 64), np.float32))
+    v = cupy.asarray(randn(rng, (2, 2, 32, 64), np.float32))
+    out = cupy.full((2, 4, 16, 64), 7.0, np.float32)
+    bad = [
+        (TypeError, "k has dtype float16; expected float32 (the dtype of q)",
+         {"k": k.astype(np.float16)}),
+        (TypeError, "q has dtype int32", {"q": q.astype(np.int32)}),
+        (ValueError, "k has head dim 32 (k.shape[-1]); expected 64", {"k": k[..., :32]}),
+        (ValueError, "v has 31 keys (v.shape[-2]); expected 32", {"v": v[:, :, :31]}),
+        (ValueError, "q has 4 heads, not a multiple of the 3 heads",
+         {"k": cupy.zeros((2, 3, 32, 64), np.float32), "v": cupy.zeros((2, 3, 32, 64),
+                                                                         np.float32)}),
+        (ValueError, "q and k have head dim 300", {"q": cupy.zeros((2, 4, 16, 300), np.float32),
+                                                   "k": cupy.zeros((2, 2, 32, 300), np.float32)}),
+        (ValueError, "mask has shape (16, 31)", {"mask": cupy.ones((16, 31), bool)}),
+        (TypeError, "mask has dtype int32", {"mask": cupy.ones((16, 32), np.int32)}),
+        (TypeError, "mask is a numpy array but q is a cupy array",
+         {"mask": np.ones((16, 32), bool)}),
+        (TypeError, "k is a numpy array but q is a cupy array", {"k": cupy.asnumpy(k)}),
+        (ValueError, "scale must be finite", {"scale": float("nan")}),
+        (TypeError, "causal must be a bool", {"causal": 1}),
+        (ValueError, "out has shape (2, 4, 16, 32); expected (2, 4, 16, 64)",
+         {"out": out[..., :32]}),
+        (TypeError, "out has dtype float16; expected float32", {"out": out.astype(np.float16)}),
+        (TypeError, "out is a numpy array but q is a cupy array",
+         {"out": np.zeros((2, 4, 16, 64), np.float32)}),
+    ]
+    for exc, msg, kwargs in bad:
+        args = {"q": q, "k": k, "v": v, "out": out, **kwargs}
+        with pytest.raises(exc) as info:
+            cunorm.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+        assert str(info.value).startswith("attention()") and msg in str(info.value), info.value
+        assert float(out.min()) == 7.0 == float(out.max()), f"{kwargs} wrote into out"
+    if _N_GPUS > 1:
+        with cupy.cuda.Device(1):
+            k1 = cupy.asarray(cupy.asnumpy(k))
+        with pytest.raises(ValueError, match="k is on device 1 but q is on device 0"):
+            cunorm.attention(q, k1, v, out=out)
+    monkeypatch.undo()
+    assert cunorm.attention(q, k, v, out=out) is out  # the context is still usable
+    cupy.cuda.Device().synchronize()
+    assert bool(cupy.isfinite(out).all())
+
+
+# --- PyTorch ---------------------------------------------------------------------------------
+def _torch_cuda():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+def _torch_err(y, ref) -> float:
+    """Largest relative max-norm row error of torch tensor ``y`` against float64 ``ref``."""
+    num = (y.double() - ref).abs().amax(dim=-1)
+    den = ref.abs().amax(dim=-1).clamp_min(1e-300)
+    return float((num / den).max())
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_large_vs_torch_sdpa(dtype, d, causal):
+    """B = 2, H = 8, L = 1024 ((B, L, H, D) tensors as transposed views): as accurate as
+    torch's own SDPA (flash backend where available) against a float64 SDPA."""
+    torch = _torch_cuda()
+    F = torch.nn.functional
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(d + causal)
+    q, k, v = (torch.randn(2, 1024, 8, d, device="cuda", generator=gen).to(tdt).transpose(1, 2)
+               for _ in range(3))
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    ours = _torch_err(cunorm.attention(q, k, v, causal=causal), ref)
+    theirs = _torch_err(F.scaled_dot_product_attention(q, k, v, is_causal=causal), ref)
+    assert ours <= TOL[dtype], ours
+    assert ours <= 1.1 * theirs + UNIT[dtype] / 8, f"cunorm {ours:.3g} vs torch {theirs:.3g}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_decoding_vs_torch_sdpa(dtype):
+    """Lq = 1 over an 8k KV cache, 32 query heads on 8 key/value heads (split-KV territory)."""
+    torch = _torch_cuda()
+    F = torch.nn.functional
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(2, 32, 1, 128, device="cuda", generator=gen).to(tdt)
+    k, v = (torch.randn(2, 8, 8192, 128, device="cuda", generator=gen).to(tdt) for _ in range(2))
+    kr, vr = (t.repeat_interleave(4, dim=1) for t in (k, v))  # query head h -> kv head h // 4
+    ref = F.scaled_dot_product_attention(q.double(), kr.double(), vr.double())
+    out, lse = cunorm.attention(q, k, v, return_lse=True)
+    ours = _torch_err(out, ref)
+    theirs = _torch_err(F.scaled_dot_product_attention(q, kr, vr), ref)
+    assert ours <= TOL[dtype] and ours <= 1.1 * theirs + UNIT[dtype] / 8, (ours, theirs)
+    s = (q.double() @ kr.double().transpose(-1, -2)) / math.sqrt(128)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, dim=-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_torch_round_trip(dtype, launches):
+    torch = _torch_cuda()
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, n, h, 64, device="cuda", generator=gen).to(tdt).transpose(1, 2)
+               for n, h in ((17, 4), (40, 2), (40, 2)))
+    mask = torch.rand(17, 40, device="cuda", generator=gen) > 0.2
+    out, lse = cunorm.attention(q, k, v, mask=mask, causal=True, return_lse=True)
+    assert isinstance(out, torch.Tensor) and out.device == q.device and out.dtype == tdt
+    assert out.shape == (2, 4, 17, 64)
+    assert isinstance(lse, torch.Tensor) and lse.dtype == torch.float32 and lse.shape == (2, 4, 17)
+    c = launches[-1]
+    assert c["q"][0] == q.data_ptr() and c["k"][0] == k.data_ptr()  # zero-copy views
+    hq = [t.detach().cpu().double().numpy() for t in (q, k, v)]
+    ref, ref_lse = reference(*hq, causal=True, mask=mask.cpu().numpy())
+    assert row_errors(out.double().cpu().numpy(), ref).max() <= TOL[dtype]
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=1e-5, atol=1e-5)
+    # out= a torch tensor: written in place and returned as itself
+    buf = torch.empty(2, 17, 4, 64, device="cuda", dtype=tdt)
+    o = buf.transpose(1, 2)
+    assert cunorm.attention(q, k, v, mask=mask, causal=True, out=o) is o
+    assert torch.equal(o, out)
+    with pytest.raises(TypeError, match="k is a numpy array but q is a torch array"):
+        cunorm.attention(q, np.zeros((2, 2, 40, 64)), v)
+    with pytest.raises(TypeError, match="v is a CPU torch.Tensor but q is a CUDA tensor"):
+        cunorm.attention(q, k, v.cpu())
+    with pytest.raises(TypeError, match="q is a CPU torch.Tensor"):
+        cunorm.attention(q.cpu(), k.cpu(), v.cpu())
+
+
+def test_torch_stream(launches):
+    torch = _torch_cuda()
+    F = torch.nn.functional
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+        out = cunorm.attention(q, k, v, causal=True)
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    s.synchronize()
+    assert launches and all(c["stream"] == s.cuda_stream for c in launches)
+    torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=2e-3)
+
+
+# --- JAX -------------------------------------------------------------------------------------
+def test_jax_round_trip(monkeypatch):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with CuPy
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    jnp = pytest.importorskip("jax.numpy")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend here")
+    rng = np.random.default_rng(3)
+    qh = randn(rng, (2, 4, 33, 64), BF16)
+    kh, vh = randn(rng, (2, 2, 70, 64), BF16), randn(rng, (2, 2, 70, 64), BF16)
+    mh = rng.random((33, 70)) > 0.3
+    qj, kj, vj, mj = (jax.device_put(jnp.asarray(a), gpu) for a in (qh, kh, vh, mh))
+    out, lse = cunorm.attention(qj, kj, vj, mask=mj, causal=True, return_lse=True)
+    assert isinstance(out, jax.Array) and np.dtype(out.dtype) == BF16
+    assert out.shape == (2, 4, 33, 64)
+    assert isinstance(lse, jax.Array) and np.dtype(lse.dtype) == np.float32
+    assert lse.shape == (2, 4, 33)
+    ref, ref_lse = reference(qh, kh, vh, causal=True, mask=mh)
+    assert row_errors(np.asarray(out), ref).max() <= TOL["bfloat16"]
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="immutable"):
+        cunorm.attention(qj, kj, vj, out=qj)
+    with pytest.raises(TypeError, match="k is a numpy array but q is a jax array"):
+        cunorm.attention(qj, kh, vj)
