@@ -2,7 +2,7 @@
 # One device call: smoke test, path thresholds, GPU test suite, compute-sanitizer, benchmark.
 # Usage (on the GPU machine, repo root): bash benchmarks/gpu_run.sh [STEPS...]
 #   steps: smoke thresholds tests sanitize bench profile  (default: all but profile)
-#   BENCH_OPS: the ops the bench step runs (default: every row-wise op)
+#   BENCH_OPS: the ops the bench step runs (default: every row-wise op, then attention)
 # Logs and results go to $OUT (device tool) or benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -37,7 +37,7 @@ for step in $steps; do
         [ $rc = 0 ] || status=1
       done ;;
     bench)
-      for op in ${BENCH_OPS:-softmax log_softmax layer_norm rms_norm layer_norm_residual rms_norm_residual}; do
+      for op in ${BENCH_OPS:-softmax log_softmax layer_norm rms_norm layer_norm_residual rms_norm_residual attention}; do
         python -m cunorm.bench "$op" --out "$OUT" || status=1
       done ;;
   esac

@@ -7,5 +7,10 @@ and a minimal hand-written Triton kernel, all on the same input arrays, and repo
 bandwidth (bytes read + bytes written per second) next to the device-to-device copy bandwidth
 measured in the same run. Results go to ``benchmarks/results/`` as markdown, JSON and a PNG plot.
 
+``python -m cunorm.bench attention`` (:mod:`cunorm.bench.attention`) has its own sweeps: the
+forward pass in FlashAttention's convention (TFLOP/s), decoding over a long KV cache (GB/s of
+K/V read) and the peak extra memory at L = 65536, against every torch SDPA backend and JAX's
+``dot_product_attention``.
+
 Without a CUDA GPU it times cunorm's NumPy reference path on a small sweep instead.
 """

@@ -12,12 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .env import NO_GPU_MESSAGE
 from .ops import OPS, canonical_dtype, rowwise_ops
 
-NO_GPU_MESSAGE = (
-    "no CUDA GPU found: running the NumPy reference path on a small sweep; "
-    "GPU numbers need a CUDA device"
-)
+__all__ = ["NO_GPU_MESSAGE", "build_parser", "main"]
 
 _EPILOG = """\
 examples:
@@ -26,6 +24,9 @@ examples:
   python -m cunorm.bench layer_norm --dtypes bf16 --cols 1024,4096 --peers torch,compile
   python -m cunorm.bench rms_norm_residual --quick  y, h = rms_norm(x + r), x + r in one pass
   python -m cunorm.bench overhead                host µs per call on a (8, 128) float32 array
+  python -m cunorm.bench attention               forward (TFLOP/s), decoding (GB/s), peak memory
+  python -m cunorm.bench attention --quick       bf16, L 1024/4096/16384, 3 decoding lengths
+  python -m cunorm.bench attention --seqlens 4096 --head-dims 128 --peers flash,cudnn --no-decode
 """
 
 
@@ -36,13 +37,15 @@ def _csv(items: list[str] | None) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
+    from .attention import add_arguments as add_attention_arguments
     from .peers import PEER_NAMES
 
     p = argparse.ArgumentParser(
         prog="python -m cunorm.bench",
         description="Benchmark cunorm's row-wise ops against PyTorch, torch.compile, cupyx, JAX "
         "and Triton on the standard (49152, cols) sweep; report GB/s, ratio to the "
-        "best peer and to copy bandwidth, and write markdown, JSON and a plot.",
+        "best peer and to copy bandwidth, and write markdown, JSON and a plot. 'attention' "
+        "has its own sweeps and peers (torch SDPA backends, JAX): see its options below.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -51,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[*OPS, "overhead", "all"],
         help="op to benchmark; *_residual: the norm fused with a residual add (cunorm's "
         "residual=r, returning y and h = x + r); 'all' runs every available row-wise op, "
-        "'overhead' measures host time per call",
+        "'overhead' measures host time per call, 'attention' the attention forward "
+        "(FlashAttention convention), decoding and peak-memory benchmark",
     )
     p.add_argument(
         "--dtypes",
@@ -75,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         "tensor stays near 49152*4096 elements)",
     )
     p.add_argument(
-        "--quick", action="store_true", help="reduced sweep: cols 128, 1024, 4096, 16384, 65536"
+        "--quick",
+        action="store_true",
+        help="reduced sweep: cols 128, 1024, 4096, 16384, 65536 (attention: bfloat16, "
+        "L 1024, 4096, 16384, decoding Lk 8192, 32768, 131072)",
     )
     p.add_argument(
         "--peers",
@@ -107,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--calls", type=int, default=10_000, help="calls per trial for 'overhead' (default: 10000)"
     )
+    add_attention_arguments(p)
     return p
 
 
@@ -114,6 +122,12 @@ def _parse_lists(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Normalize --dtypes/--cols/--peers in place; argument errors exit with status 2."""
     from .peers import PEER_NAMES, canonical_peer
     from .sweep import DEFAULT_DTYPES, QUICK_COLS, STANDARD_COLS
+
+    if args.op == "attention":  # its own dtypes, shapes and peers
+        from .attention import normalize_args
+
+        normalize_args(p, args)
+        return
 
     try:
         args.dtypes = [canonical_dtype(d) for d in _csv(args.dtypes)] or list(DEFAULT_DTYPES)
@@ -204,7 +218,7 @@ def _run_numpy(args: argparse.Namespace) -> int:
 # -- GPU --------------------------------------------------------------------------------------
 def _run_gpu(args: argparse.Namespace) -> int:
     from .cases import free_memory
-    from .env import device_name, slugify, today, versions
+    from .env import run_meta
     from .peers import make_peers
     from .report import (
         extras_table,
@@ -221,14 +235,8 @@ def _run_gpu(args: argparse.Namespace) -> int:
     from .timing import copy_bandwidth, make_timer
 
     notes = Notes()
-    device = device_name()
-    meta: dict[str, Any] = {
-        "device": device,
-        "slug": slugify(device),
-        "date": today(),
-        "versions": versions(),
-        "command": args.command,
-    }
+    meta: dict[str, Any] = run_meta(args.command)
+    device = meta["device"]
 
     if args.op == "overhead":
         fn, why = OPS["softmax"].resolve()

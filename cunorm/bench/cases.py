@@ -160,7 +160,7 @@ def _astype(a: Any, dtype: str) -> Any:
         return cupy.from_dlpack(to_torch(a).to(torch_dtype(torch, dtype)))
 
 
-def _random(shape: tuple[int, ...], dtype: str, rs: Any) -> Any:
+def random_normal(shape: tuple[int, ...], dtype: str, rs: Any) -> Any:
     """Standard normal CuPy array of ``dtype`` (drawn in float32, or float64 for float64)."""
     import cupy
 
@@ -180,11 +180,11 @@ def make_case(
     import cupy
 
     rs = cupy.random.RandomState(seed)
-    x = _random(shape, dtype, rs)
+    x = random_normal(shape, dtype, rs)
     cols = shape[axis]
-    w = _random((cols,), dtype, rs) if "weight" in op.params else None
-    b = _random((cols,), dtype, rs) if "bias" in op.params else None
-    r = _random(shape, dtype, rs) if op.residual else None
+    w = random_normal((cols,), dtype, rs) if "weight" in op.params else None
+    b = random_normal((cols,), dtype, rs) if "bias" in op.params else None
+    r = random_normal(shape, dtype, rs) if op.residual else None
     synchronize()  # JAX reads through DLPack on its own stream: the data must exist first
     return Case(op, dtype, x, w, b, r, axis)
 

@@ -24,6 +24,12 @@ _DISTRIBUTIONS = {
 }
 
 
+NO_GPU_MESSAGE = (
+    "no CUDA GPU found: running the NumPy reference path on a small sweep; "
+    "GPU numbers need a CUDA device"
+)
+
+
 def probe_gpu() -> tuple[bool, str]:
     """Whether a usable CUDA GPU is present.
 
@@ -111,3 +117,18 @@ def versions() -> dict[str, Any]:
 def _cuda_version(v: int) -> str:
     """CUDA's integer version (13000) as text ("13.0")."""
     return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def run_meta(command: str) -> dict[str, Any]:
+    """What every GPU report starts from: device, its file-name slug, date, versions, command.
+
+    The caller adds the copy bandwidth and the timer once they are measured.
+    """
+    device = device_name()
+    return {
+        "device": device,
+        "slug": slugify(device),
+        "date": today(),
+        "versions": versions(),
+        "command": command,
+    }

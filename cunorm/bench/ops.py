@@ -83,8 +83,9 @@ class OpSpec:
         CLI name, also used in file names.
     cunorm_attr : str
         Attribute of the ``cunorm`` namespace implementing it.
-    family : {"softmax", "norm"}
-        Selects call conventions, peers, Triton kernel and reference.
+    family : {"softmax", "norm", "attention"}
+        Selects call conventions, peers, Triton kernel and reference. ``"attention"`` is
+        benchmarked by :mod:`cunorm.bench.attention` (its own shapes, peers and reports).
     log : bool
         Softmax family: log_softmax instead of softmax.
     rms : bool
@@ -138,6 +139,10 @@ class OpSpec:
             return None, (
                 f"cunorm.{self.cunorm_attr} takes no residual= argument yet; {self.name} skipped"
             )
+        if self.family == "attention" and not _takes_keyword(fn, "causal"):
+            return None, (
+                f"cunorm.{self.cunorm_attr} takes no causal= argument yet; {self.name} skipped"
+            )
         return fn, ""
 
     def call(self, fn: Callable[..., Any], x: Any, w: Any, b: Any, axis: int, r: Any = None) -> Any:
@@ -155,6 +160,8 @@ class OpSpec:
     @property
     def usage(self) -> str:
         """How the benchmark calls cunorm, as shown in reports (markdown code)."""
+        if self.family == "attention":
+            return f"`cunorm.{self.cunorm_attr}(q, k, v, causal=causal)`"
         if self.family == "softmax":
             return f"`cunorm.{self.cunorm_attr}(x, axis=axis)`"
         args = ", ".join(["x", "w"] + (["b"] if "bias" in self.params else []))
@@ -284,6 +291,13 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
+def _run_attention(args: Any) -> int:
+    """``python -m cunorm.bench attention``: imported on use, so ``ops`` stays light."""
+    from .attention import run
+
+    return run(args)
+
+
 # Softmax over a non-last axis, shapes from common models: attention scores (32, 21, 256, 256)
 # in float32, and (16, 4096, 1024) in float16.
 _SOFTMAX_EXTRAS = (
@@ -318,7 +332,11 @@ OPS: dict[str, OpSpec] = {
         eps=1e-6,
         arrays_moved=4,
     ),
-    # "attention": OpSpec(..., rowwise=False, runner=...) -- added with the attention kernels.
+    # Not row-wise: its own sweep (FlashAttention convention, decoding, peak memory), peers
+    # (torch SDPA backends, JAX) and reports, in cunorm.bench.attention.
+    "attention": OpSpec(
+        "attention", "attention", "attention", rowwise=False, runner=_run_attention
+    ),
 }
 
 

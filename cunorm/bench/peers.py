@@ -54,7 +54,20 @@ class Peer:
         raise NotImplementedError
 
 
-def _import_torch_cuda() -> Any:
+def import_jax_gpu() -> Any:
+    """Import JAX without preallocation; RuntimeError unless its default backend is a GPU."""
+    # Must be set before JAX's first import: by default it grabs 75% of GPU memory up
+    # front, which would leave too little for the largest cells of the other libraries.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cuda"):
+        raise RuntimeError(f"JAX has no GPU backend (default backend is {backend!r})")
+    return jax
+
+
+def import_torch_cuda() -> Any:
     import torch
 
     if not torch.cuda.is_available():
@@ -70,7 +83,7 @@ class TorchEager(Peer):
     name = "torch"
 
     def __init__(self) -> None:
-        self.torch = _import_torch_cuda()
+        self.torch = import_torch_cuda()
 
     def build(self, case: Case) -> Callable[[], Any]:
         f = case.op.torch_fn(self.torch)
@@ -90,7 +103,7 @@ class TorchCompile(Peer):
     name = "torch.compile"
 
     def __init__(self) -> None:
-        self.torch = _import_torch_cuda()
+        self.torch = import_torch_cuda()
         import torch._dynamo
 
         cfg = torch._dynamo.config
@@ -150,15 +163,7 @@ class Jax(Peer):
     wall_clock = True
 
     def __init__(self) -> None:
-        # Must be set before JAX's first import: by default it grabs 75% of GPU memory up
-        # front, which would leave too little for the largest cells of the other libraries.
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        import jax
-
-        backend = jax.default_backend()
-        if backend not in ("gpu", "cuda"):
-            raise RuntimeError(f"JAX has no GPU backend (default backend is {backend!r})")
-        self.jax = jax
+        self.jax = import_jax_gpu()
         self._jitted: dict[tuple[str, int], Callable[..., Any]] = {}
 
     def build(self, case: Case) -> Callable[[], Any]:
@@ -178,7 +183,7 @@ class Triton(Peer):
     name = "triton"
 
     def __init__(self) -> None:
-        _import_torch_cuda()
+        import_torch_cuda()
         from . import triton_kernels
 
         self.k = triton_kernels

@@ -289,7 +289,7 @@ def base_name(meta: dict[str, Any], op: str) -> str:
     return f"{meta['slug']}-{meta['date']}-{op}"
 
 
-def _versions_line(meta: dict[str, Any]) -> str:
+def versions_line(meta: dict[str, Any]) -> str:
     v = meta.get("versions", {})
     keys = ("cunorm", "cupy", "torch", "jax", "triton", "cuda_runtime", "cuda_driver")
     return ", ".join(f"{k} {v.get(k) or 'not installed'}" for k in keys if k in v)
@@ -350,7 +350,7 @@ def write_markdown(path: Path, meta: dict[str, Any], run: OpRun, summary: dict[s
         "",
         f"Device: **{meta['device']}**. Device-to-device copy (read+write): **{copy:.0f} GB/s**.",
         "",
-        f"Versions: {_versions_line(meta)}.",
+        f"Versions: {versions_line(meta)}.",
         "",
         f"Command: `{meta.get('command', '')}`",
         "",
@@ -443,18 +443,56 @@ def _finite(o: Any) -> Any:
     return o
 
 
+def import_pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (GPU nodes have no display), or None when
+    matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def log2_axis(ax: Any, xs: list[int]) -> None:
+    """A log2 x axis labelled at the powers of two among ``xs`` (every ``xs`` when fewer than
+    three of them are powers of two)."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    pow2 = [x for x in xs if x & (x - 1) == 0]
+    ticks = pow2 if len(pow2) >= 3 else xs
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(t) for t in ticks], rotation=45, ha="right", fontsize=8)
+
+
+def figure_legend(fig: Any, axes: list[Any], ncol: int = 7) -> None:
+    """One legend for the whole figure, below the plots so it never hides a curve; each label
+    once, whichever subplots it appears in."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    fig.legend(
+        list(handles.values()),
+        list(handles),
+        loc="lower center",
+        ncol=min(len(handles), ncol),
+        fontsize=9,
+        frameon=False,
+    )
+
+
 def write_plot(path: Path, meta: dict[str, Any], run: OpRun) -> bool:
     """GB/s vs cols (log2 axis), one subplot per dtype, a dashed line at copy bandwidth.
 
     Returns False (and writes nothing) when matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display on GPU nodes
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FixedLocator, NullLocator
-    except ImportError:
+    plt = import_pyplot()
+    if plt is None:
         return False
     dtypes = list(dict.fromkeys(c.dtype for c in run.cells))
     if not dtypes:
@@ -485,14 +523,7 @@ def write_plot(path: Path, meta: dict[str, Any], run: OpRun) -> bool:
                 zorder=3 if impl == "cunorm" else 2,
             )
         ax.axhline(copy, linestyle="--", color="black", linewidth=1, label=f"copy ({copy:.0f})")
-        ax.set_xscale("log", base=2)
-        # Label the powers of two of the standard sweep; a custom sweep with few of them
-        # gets every cols labelled.
-        pow2 = [x for x in xs if x & (x - 1) == 0]
-        ticks = pow2 if len(pow2) >= 3 else xs
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([str(t) for t in ticks], rotation=45, ha="right", fontsize=8)
+        log2_axis(ax, xs)
         ax.set_title(dtype)
         ax.set_xlabel("cols")
         ax.grid(True, which="major", alpha=0.3)
@@ -510,19 +541,7 @@ def write_plot(path: Path, meta: dict[str, Any], run: OpRun) -> bool:
     )
     axes[0][0].set_ylim(0, 1.08 * ymax)
     axes[0][0].set_ylabel("GB/s (read + write)")
-    # One legend for the figure, below the plots, so it never hides a curve.
-    handles: dict[str, Any] = {}
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lab, h)
-    fig.legend(
-        list(handles.values()),
-        list(handles),
-        loc="lower center",
-        ncol=min(len(handles), 7),
-        fontsize=9,
-        frameon=False,
-    )
+    figure_legend(fig, list(axes[0]))
     fig.suptitle(f"cunorm {run.op}, {meta['device']}, {meta['date']}")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=120)
@@ -570,7 +589,7 @@ def write_overhead_files(
     text = [
         f"# cunorm per-call overhead, {meta['device']}, {meta['date']}",
         "",
-        f"Versions: {_versions_line(meta)}.",
+        f"Versions: {versions_line(meta)}.",
         "",
         "Method: host wall clock (`time.perf_counter`) over back-to-back calls on a small "
         "float32 array, no synchronize inside the loop and one at the end; median (and min) of "

@@ -43,20 +43,30 @@ class Timer(Protocol):
 
 
 class TritonTimer:
-    """``triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")``."""
+    """``triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")``.
 
-    method = (
-        "`triton.testing.do_bench(fn, warmup=25, rep=100, return_mode='median')`: CUDA events, "
-        "a 256 MB L2 flush before every repetition, median"
-    )
+    Parameters
+    ----------
+    warmup_ms, rep_ms : float
+        do_bench's budgets: milliseconds of untimed, then timed, repetitions (the defaults are
+        do_bench's own; the attention benchmark passes smaller ones for its long kernels).
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> None:
         from triton.testing import do_bench
 
         self._do_bench = do_bench
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self.method = (
+            f"`triton.testing.do_bench(fn, warmup={warmup_ms:g}, rep={rep_ms:g}, "
+            "return_mode='median')`: CUDA events, a 256 MB L2 flush before every repetition, "
+            "median"
+        )
 
     def __call__(self, fn: Callable[[], Any]) -> float:
-        return float(self._do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+        return float(
+            self._do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median")
+        )
 
 
 class CupyEventTimer:
@@ -65,11 +75,6 @@ class CupyEventTimer:
     Mirrors ``do_bench``: estimate the time of one call, then run ``warmup_ms`` worth of
     untimed calls and ``rep_ms`` worth of timed ones (at least ``min_reps``), return the median.
     """
-
-    method = (
-        "CUDA events (CuPy) around each call, a 256 MB L2 flush before every repetition, "
-        "25 ms warm-up, median of >= 100 ms of repetitions"
-    )
 
     def __init__(
         self,
@@ -80,6 +85,10 @@ class CupyEventTimer:
     ) -> None:
         import cupy
 
+        self.method = (
+            "CUDA events (CuPy) around each call, a 256 MB L2 flush before every repetition, "
+            f"{warmup_ms:g} ms warm-up, median of >= {rep_ms:g} ms of repetitions"
+        )
         self._cupy = cupy
         self._flush_buf = cupy.empty(L2_FLUSH_BYTES, dtype=cupy.int8)
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
@@ -114,7 +123,12 @@ class CupyEventTimer:
         return statistics.median(cupy.cuda.get_elapsed_time(s, e) for s, e in events)
 
 
-def make_timer(prefer: str = "auto", log: Callable[[str], None] = print) -> Timer:
+def make_timer(
+    prefer: str = "auto",
+    log: Callable[[str], None] = print,
+    warmup_ms: float = WARMUP_MS,
+    rep_ms: float = REP_MS,
+) -> Timer:
     """Pick the timer for this run.
 
     Parameters
@@ -124,6 +138,8 @@ def make_timer(prefer: str = "auto", log: Callable[[str], None] = print) -> Time
         works, else CuPy events.
     log : callable
         Receives one line explaining a fallback.
+    warmup_ms, rep_ms : float
+        Milliseconds of untimed and of timed repetitions per measurement, for either timer.
     """
     if prefer in ("auto", "triton"):
         try:
@@ -132,7 +148,7 @@ def make_timer(prefer: str = "auto", log: Callable[[str], None] = print) -> Time
 
             if not torch.cuda.is_available():
                 raise RuntimeError("torch has no CUDA device")
-            timer = TritonTimer()
+            timer = TritonTimer(warmup_ms, rep_ms)
             probe = cupy.zeros(1024, dtype=cupy.float32)
             timer(lambda: probe.fill(1.0))  # a broken do_bench should fail here, not mid-sweep
             return timer
@@ -144,7 +160,7 @@ def make_timer(prefer: str = "auto", log: Callable[[str], None] = print) -> Time
                 f"timer: triton.testing.do_bench unusable ({type(exc).__name__}: {msg}); "
                 "using CuPy CUDA events with an L2 flush"
             )
-    return CupyEventTimer()
+    return CupyEventTimer(warmup_ms, rep_ms)
 
 
 def wall_clock_ms(

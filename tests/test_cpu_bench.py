@@ -1,0 +1,379 @@
+"""The benchmark package without a GPU: the attention benchmark's shapes, FLOP and byte counts,
+float64 reference, command line, report tables and files, and its no-GPU run.
+
+The GPU measurements themselves run on a GPU machine (``python -m cunorm.bench attention``);
+everything here is the pure part around them, so CI covers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cunorm.bench import attention as A
+from cunorm.bench import attention_report as R
+from cunorm.bench import env
+from cunorm.bench.__main__ import build_parser, main
+from cunorm.bench.attention_peers import torch_has_enable_gqa
+from cunorm.bench.attention_run import AttnCell, AttnResult, AttnRun
+from cunorm.bench.ops import OPS, OpSpec, rowwise_ops
+
+
+# -- formulas and shapes ----------------------------------------------------------------------
+def test_flops_follow_the_flashattention_convention() -> None:
+    # 4·B·H·Lq·Lk·D, halved for causal.
+    assert A.attention_flops(2, 16, 4096, 4096, 128, causal=False) == 4 * 2 * 16 * 4096**2 * 128
+    assert A.attention_flops(2, 16, 4096, 4096, 128, causal=True) == 2 * 2 * 16 * 4096**2 * 128
+    assert A.tflops(10**12, 1000.0) == pytest.approx(1.0)
+    assert A.tflops(A.attention_flops(1, 32, 16384, 16384, 64, False), 7.0) == pytest.approx(
+        4 * 32 * 16384**2 * 64 / 7e-3 / 1e12
+    )
+
+
+def test_kv_bytes_count_k_and_v_once() -> None:
+    assert A.kv_read_bytes(1, 8, 131072, 128, 2) == 2 * 8 * 131072 * 128 * 2
+    s = A.AttnShape(8, 32, 8, 1, 4096, 128, False, "float16")
+    assert s.kv_bytes == A.kv_read_bytes(8, 8, 4096, 128, 2)
+    assert s.gqa and s.q_shape == (8, 32, 1, 128) and s.kv_shape == (8, 8, 4096, 128)
+    assert s.io_bytes == (2 * 8 * 32 * 1 * 128 + 2 * 8 * 8 * 4096 * 128) * 2
+
+
+def test_main_sweep_is_16k_tokens_hidden_2048() -> None:
+    shapes = A.main_shapes(A.SEQLENS, A.HEAD_DIMS, A.DEFAULT_DTYPES)
+    assert len(shapes) == len(A.SEQLENS) * len(A.HEAD_DIMS) * 2 * len(A.DEFAULT_DTYPES) == 48
+    for s in shapes:
+        assert s.batch * s.lq == 16384 and s.hq * s.d == 2048
+        assert s.hq == s.hkv and s.lq == s.lk and s.dtype in ("bfloat16", "float16")
+    assert A.SEQLENS == (512, 1024, 2048, 4096, 8192, 16384) and A.HEAD_DIMS == (64, 128)
+    # Ordered dtype, D, L, non-causal before causal (as the anchor tables).
+    keys = [(A.DEFAULT_DTYPES.index(s.dtype), s.d, s.lq, s.causal) for s in shapes]
+    assert keys == sorted(keys)
+    assert {(s.batch, s.hq) for s in shapes if s.lq == 512 and s.d == 64} == {(32, 32)}
+    # Longer than the token budget: one sequence.
+    assert A.main_shapes([32768], [128], ["bfloat16"])[0].batch == 1
+    with pytest.raises(ValueError, match="does not divide"):
+        A.main_shapes([512], [96], ["bfloat16"])
+
+
+def test_decode_and_memory_shapes() -> None:
+    dec = A.decode_shapes(A.DECODE_LKS, [1, 8], ["bfloat16"])
+    assert [s.lk for s in dec[:6]] == [4096, 8192, 16384, 32768, 65536, 131072]
+    assert all(s.lq == 1 and (s.hq, s.hkv, s.d) == (32, 8, 128) and not s.causal for s in dec)
+    assert {s.batch for s in dec} == {1, 8}
+    mem = A.memory_shapes()
+    assert [s.causal for s in mem] == [False, True]
+    assert all((s.batch, s.hq, s.lq, s.d, s.dtype) == (1, 16, 65536, 128, "bfloat16") for s in mem)
+    assert mem[0].io_bytes == 4 * 65536 * 16 * 128 * 2
+
+
+def test_labels() -> None:
+    assert A.AttnShape(8, 32, 32, 2048, 2048, 64, True, "bfloat16").label == (
+        "bf16 B=8 H=32 L=2048 D=64 causal"
+    )
+    assert A.AttnShape(1, 32, 8, 1, 4096, 128, False, "float16").label == (
+        "fp16 B=1 Hq=32 Hkv=8 Lq=1 Lk=4096 D=128"
+    )
+
+
+# -- the float64 reference --------------------------------------------------------------------
+def _naive(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+    """Row by row, in float64, the way the formula reads (bottom-right causal alignment)."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    out = np.zeros(q.shape[:-1] + (v.shape[-1],))
+    for idx in np.ndindex(q.shape[:-2]):
+        for i in range(lq):
+            s = k[idx].astype(np.float64) @ q[idx][i].astype(np.float64) / math.sqrt(q.shape[-1])
+            n = i + lk - lq + 1 if causal else lk
+            if n <= 0:
+                continue
+            p = np.exp(s[:n] - s[:n].max())
+            out[idx][i] = p @ v[idx][:n].astype(np.float64) / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("lq,lk", [(7, 7), (3, 9), (9, 3), (1, 16)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_matches_naive(rng: np.random.Generator, lq: int, lk: int, causal: bool) -> None:
+    q = rng.standard_normal((2, 3, lq, 8))
+    k = rng.standard_normal((2, 3, lk, 8))
+    v = rng.standard_normal((2, 3, lk, 5))
+    last = A.causal_last_key(lq, lk, np.arange(lq)) if causal else None
+    got = A.reference_attention(np, q, k, v, last_key=last)
+    np.testing.assert_allclose(got, _naive(q, k, v, causal), rtol=1e-12, atol=1e-14)
+    # Fully masked rows (Lq > Lk, causal, bottom-right aligned) give 0 and no NaN.
+    assert np.isfinite(got).all()
+    if causal and lq > lk:
+        assert not got[..., : lq - lk, :].any()
+
+
+def test_reference_scale_and_row_errors(rng: np.random.Generator) -> None:
+    q, k, v = (rng.standard_normal((4, 16)) for _ in range(3))
+    a = A.reference_attention(np, q, k, v, scale=0.5)
+    b = A.reference_attention(np, q * 2, k, v)  # default scale 1/sqrt(16) = 0.5 / 2
+    np.testing.assert_allclose(a, b, rtol=1e-12)
+    ref = np.array([[1.0, -2.0], [0.5, 0.25]])
+    out = np.array([[1.0, -1.9], [np.nan, 0.25]])
+    err = A.row_errors(np, out, ref)
+    assert err[0] == pytest.approx(0.05) and err[1] == np.inf
+
+
+# -- command line ------------------------------------------------------------------------------
+def _args(*argv: str) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(["attention", *argv])
+    A.normalize_args(p, args)
+    return args
+
+
+def test_cli_defaults_and_quick() -> None:
+    a = _args()
+    assert a.dtypes == ["bfloat16", "float16"] and a.seqlens == list(A.SEQLENS)
+    assert a.head_dims == [64, 128] and a.decode_lks == list(A.DECODE_LKS)
+    assert a.decode_batch == [1] and a.peers == list(A.ATTN_PEER_NAMES)
+    fwd, dec = A.sweep_shapes(a)
+    assert len(fwd) == 48 and len(dec) == 12
+    q = _args("--quick")
+    assert q.dtypes == ["bfloat16"] and q.seqlens == list(A.QUICK_SEQLENS)
+    fwd, dec = A.sweep_shapes(q)
+    assert len(fwd) == 12 and len(dec) == 3
+
+
+def test_cli_options() -> None:
+    a = _args("--dtypes", "fp16", "--seqlens", "1024,4096", "--head-dims", "128", "--peers",
+              "fa2,cudnn", "jax-xla", "--decode-batch", "1", "8", "--float32")  # fmt: skip
+    assert a.dtypes == ["float16"] and a.peers == ["flash", "cudnn", "jax"]
+    fwd, dec = A.sweep_shapes(a)
+    assert {s.dtype for s in fwd} == {"float16", "float32"}
+    assert {s.lq for s in fwd if s.dtype == "float32"} == {1024}
+    assert {s.batch for s in dec} == {1, 8} and {s.dtype for s in dec} == {"float16"}
+    b = _args("--no-main", "--no-decode", "--no-peers")
+    assert A.sweep_shapes(b) == ([], []) and b.peers == []
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--cols", "1024"], "do not apply to attention"),
+        (["--peers", "flash,bogus"], "unknown attention peer"),
+        (["--head-dims", "96"], "must divide 2048"),
+        (["--seqlens", "0"], "must be positive"),
+    ],
+)
+def test_cli_errors_exit_2(argv: list[str], message: str, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["attention", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_mentions_attention(capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "attention" in out and "--seqlens" in out and "--decode-lks" in out
+
+
+def test_attention_op_entry() -> None:
+    op = OPS["attention"]
+    assert not op.rowwise and op.runner is not None and op not in rowwise_ops()
+    assert op.usage == "`cunorm.attention(q, k, v, causal=causal)`"
+
+
+def test_attention_resolve_needs_causal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cunorm
+
+    monkeypatch.setattr(cunorm, "attention", lambda q, k, v: q, raising=False)
+    fn, why = OPS["attention"].resolve()
+    assert fn is None and "causal" in why
+    monkeypatch.delattr(cunorm, "attention", raising=False)
+    fn, why = OPS["attention"].resolve()
+    assert fn is None and "not available yet" in why
+
+
+def test_torch_enable_gqa_version() -> None:
+    assert torch_has_enable_gqa("2.11.0+cu130") and torch_has_enable_gqa("2.5.0")
+    assert not torch_has_enable_gqa("2.4.1") and not torch_has_enable_gqa("1.13.1")
+
+
+# -- no GPU --------------------------------------------------------------------------------------
+def _fake_attention(q: Any, k: Any, v: Any, *, causal: bool = False, **_: Any) -> Any:
+    last = A.causal_last_key(q.shape[-2], k.shape[-2], np.arange(q.shape[-2])) if causal else None
+    return A.reference_attention(np, q, k, v, last_key=last).astype(q.dtype)
+
+
+def test_no_gpu_runs_the_numpy_path(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import cunorm
+
+    monkeypatch.setattr(env, "probe_gpu", lambda: (False, "test: no GPU"))
+    monkeypatch.setattr(A, "NUMPY_SEQLENS", (32, 64))
+    monkeypatch.setattr(cunorm, "attention", _fake_attention, raising=False)
+    assert main(["attention"]) == 0
+    out = capsys.readouterr().out
+    assert env.NO_GPU_MESSAGE in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("32", "64"))]
+    assert len(rows) == 4 and all(r[-1] == "ok" for r in rows)
+
+
+def test_no_gpu_reports_mismatch(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import cunorm
+
+    monkeypatch.setattr(env, "probe_gpu", lambda: (False, "test: no GPU"))
+    monkeypatch.setattr(A, "NUMPY_SEQLENS", (32,))
+    monkeypatch.setattr(cunorm, "attention", lambda q, k, v, *, causal=False: v[..., :1, :] * 0 + q,
+                        raising=False)  # fmt: skip
+    assert main(["attention"]) == 0
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_no_gpu_without_attention_exits_2(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import cunorm
+
+    monkeypatch.setattr(env, "probe_gpu", lambda: (False, "test: no GPU"))
+    monkeypatch.delattr(cunorm, "attention", raising=False)
+    assert main(["attention"]) == 2
+    out = capsys.readouterr().out
+    assert env.NO_GPU_MESSAGE in out and "not available yet" in out
+
+
+# -- report ----------------------------------------------------------------------------------------
+def _res(value: float | None, kind: str, status: str = "ok") -> AttnResult:
+    if status == "n/a":
+        return AttnResult(status="n/a", note="refused")
+    r = AttnResult(ms=1.0, status=status)
+    if kind == "forward":
+        r.tflops = value
+    else:
+        r.gbps = value
+    return r
+
+
+def _cell(shape: A.AttnShape, kind: str, cunorm: float | None, **peers: Any) -> AttnCell:
+    c = AttnCell(kind, shape, cunorm=_res(cunorm, kind), reference="flash")
+    for name, v in peers.items():
+        c.peers[name] = v if isinstance(v, AttnResult) else _res(v, kind)
+    return c
+
+
+def _run() -> AttnRun:
+    fwd = A.main_shapes([512, 16384], [64], ["bfloat16"])
+    dec = A.decode_shapes([4096, 16384, 131072], [1], ["bfloat16"])
+    run = AttnRun(["flash", "cudnn", "efficient", "default", "jax", "jax-cudnn"])
+    run.forward = [
+        _cell(fwd[0], "forward", 300.0, flash=265.0, cudnn=387.0, efficient=124.0, default=383.0,
+              jax=_res(None, "forward", "n/a"), **{"jax-cudnn": 400.0}),
+        _cell(fwd[1], "forward", 140.0, flash=153.0, cudnn=261.0, efficient=100.0, default=260.0,
+              jax=_res(500.0, "forward", "MISMATCH"), **{"jax-cudnn": _res(None, "f", "n/a")}),
+        _cell(fwd[2], "forward", 320.0, flash=306.0, cudnn=455.0, efficient=134.0, default=458.0),
+        _cell(fwd[3], "forward", 330.0, flash=296.0, cudnn=445.0, efficient=128.0, default=437.0),
+    ]  # fmt: skip
+    run.decode = [
+        _cell(dec[0], "decode", 2000.0, flash=1500.0, default=1600.0),
+        _cell(dec[1], "decode", 3500.0, flash=2500.0, default=2600.0),
+        _cell(dec[2], "decode", 2900.0, flash=3000.0, default=3100.0),
+    ]
+    base = {"shape": {}, "io_mb": 1073.7, "pool_growth_mb": 4.2, "status": "ok", "note": ""}
+    run.memory = [
+        {**base, "impl": "cunorm", "causal": False, "extra_mb": 4.2, "device_mb": 4.2},
+        {**base, "impl": "cunorm", "causal": True, "extra_mb": 12.0, "device_mb": 2.0},
+        {**base, "impl": "flash", "causal": False, "extra_mb": 4.2, "device_mb": None},
+    ]
+    run.notes = ["jax: n/a (bfloat16): refused"]
+    return run
+
+
+def test_cell_best_peer_and_ratios() -> None:
+    run = _run()
+    c0, c1 = run.forward[0], run.forward[1]
+    assert c0.best_peer() == ("jax-cudnn", 400.0)
+    assert c0.ratio("flash") == pytest.approx(300 / 265) and c0.ratio() == pytest.approx(0.75)
+    # A MISMATCH never counts as best peer.
+    assert c1.best_peer() == ("cudnn", 261.0)
+    assert c1.ratio("jax") is None and c1.ratio("jax-cudnn") is None
+
+
+def test_forward_and_decode_tables() -> None:
+    run = _run()
+    h, rows = R.forward_table(run)
+    assert h[:6] == ["dtype", "D", "L", "B×H", "causal", "cunorm"]
+    assert h[-4:] == ["best peer", "cunorm/best", "cunorm/FA2", "cunorm/cuDNN"]
+    assert "jax" in h and "jax-cudnn" in h
+    assert rows[0][:6] == ["bfloat16", "64", "512", "32×32", "no", "300"]
+    assert rows[0][h.index("jax")] == "—" and rows[1][h.index("jax")] == "MISMATCH"
+    assert rows[0][-3:] == ["0.75x", "1.13x", "0.78x"]
+    h, rows = R.decode_table(run, 4000.0)
+    assert h[:6] == ["dtype", "B", "Lk", "K/V MB", "cunorm µs", "cunorm GB/s"]
+    assert "cudnn" not in h  # no decode cell has it
+    assert rows[1][2] == "16384" and rows[1][3] == "67" and rows[1][-1] == "88%"
+    h, rows = R.memory_table(run)
+    assert rows[1][:4] == ["cunorm", "yes", "1073.7", "12.0"]
+
+
+def test_summary_targets() -> None:
+    s = R.summarize(_run(), 4000.0)
+    fwd, dec, mem = s["targets"]
+    assert fwd["verdict"] == "FAIL" and fwd["checked"] == 4
+    assert fwd["failed"] == ["bf16 D64 L512 causal 0.915x"]
+    # Lk >= 16384 only: 3500/4000 and 2900/4000 pass; Lk = 4096 is not checked.
+    assert dec["verdict"] == "PASS" and dec["checked"] == 2
+    assert mem["verdict"] == "FAIL" and mem["failed"] == ["causal 12.0 MB"]
+    assert s["vs_cudnn"]["cells"] == 4 and s["vs_cudnn"]["at_least_1"] == 0
+    assert s["guard_failures"][0]["impl"] == "jax"
+    lines = R.summary_lines(s)
+    assert lines[0].startswith("forward: at least 1.0x torch SDPA flash") and "FAIL" in lines[0]
+    assert any(line.startswith("vs torch SDPA cuDNN") for line in lines)
+    assert "correctness guard: cunorm matches in every cell checked" in lines
+    assert any("jax bf16 D64 L512 causal" in line for line in lines)
+
+
+def test_summary_decode_below_copy() -> None:
+    run = _run()
+    run.decode[2].cunorm.gbps = 2000.0
+    dec = R.summarize(run, 4000.0)["targets"][1]
+    assert dec["verdict"] == "FAIL" and dec["failed"] == ["bf16 B1 Lk131072 50.0%"]
+
+
+def test_write_files(tmp_path: Path) -> None:
+    meta = {"device": "NVIDIA H200", "slug": "nvidia-h200", "date": "2026-11-21",
+            "versions": {"cunorm": "0.1.0", "torch": "2.11.0"}, "command": "python -m cunorm.bench "
+            "attention", "copy_gbps": 4276.0, "timer": "do_bench"}  # fmt: skip
+    run = _run()
+    paths = R.write_attention_files(tmp_path, meta, run, R.summarize(run, 4276.0), plot=False)
+    assert [p.name for p in paths] == [
+        "nvidia-h200-2026-11-21-attention.md",
+        "nvidia-h200-2026-11-21-attention.json",
+    ]
+    md = paths[0].read_text()
+    for part in ("# cunorm attention benchmark, NVIDIA H200", "## Forward (TFLOP/s)",
+                 "## Decoding (GB/s of K/V read)", "## Peak extra memory at L = 65536",
+                 "## Summary", "## Notes", "| bfloat16 | 64 | 512 | 32×32 | no | 300 |",
+                 "cudaMemGetInfo", "4·B·H·Lq·Lk·D"):  # fmt: skip
+        assert part in md, part
+    data = json.loads(paths[1].read_text())
+    assert data["op"] == "attention" and len(data["forward"]) == 4 and len(data["decode"]) == 3
+    assert data["forward"][0]["cunorm"]["tflops"] == 300.0
+    assert data["forward"][0]["flops"] == A.attention_flops(32, 32, 512, 512, 64, False)
+
+
+def test_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    meta = {"device": "NVIDIA H200", "date": "2026-11-21"}
+    assert R.write_plot(tmp_path / "a.png", meta, _run())
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    assert R.plot_panels(_run()) == [("bfloat16", 64, False), ("bfloat16", 64, True)]
+    assert not R.write_plot(tmp_path / "b.png", meta, AttnRun(["flash"]))
+
+
+def test_opspec_defaults_unchanged() -> None:
+    # The row-wise ops keep their family and rowwise flag; attention added no row-wise op.
+    assert [op.name for op in rowwise_ops()] == [
+        "softmax", "log_softmax", "layer_norm", "rms_norm", "layer_norm_residual",
+        "rms_norm_residual",
+    ]  # fmt: skip
+    assert isinstance(OPS["softmax"], OpSpec) and OPS["softmax"].runner is None
