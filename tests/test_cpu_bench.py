@@ -197,6 +197,34 @@ def test_attention_resolve_needs_causal(monkeypatch: pytest.MonkeyPatch) -> None
     assert fn is None and "not available yet" in why
 
 
+def test_sdpa_refusal_reasons() -> None:
+    from cunorm.bench.attention_peers import _reason
+
+    tail = " (Triggered internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils.cpp:1.)"
+    assert _reason("Memory efficient kernel not used because:" + tail) == ""
+    assert _reason("Flash attention has been runtime disabled." + tail) == ""
+    msg = "For dense input, both fused kernels require the same num_heads. Query.sizes(): [1, 32]"
+    assert _reason(msg + tail + "\nmore") == msg
+
+
+def test_refusals_noted_once_per_peer_part_dtype() -> None:
+    from cunorm.bench.attention_run import AttentionBench
+    from cunorm.bench.sweep import Notes
+
+    bench = AttentionBench.__new__(AttentionBench)  # no GPU buffers: only the notes are used
+    bench.notes, bench._refused = Notes(), set()
+    bench.notes.sink = lambda m: None
+    for lk in (4096, 8192):
+        for dtype in ("bfloat16", "float16"):
+            s = A.AttnShape(1, 32, 8, 1, lk, 128, False, dtype)
+            bench._note_refusal("efficient", "decoding", s, f"sizes [1, 8, {lk}, 128]")
+    assert len(bench.notes.lines) == 2
+    assert bench.notes.lines[0].startswith(
+        "efficient: n/a in decoding cells (bfloat16, grouped-query), e.g. bf16 B=1 Hq=32"
+    )
+    assert bench.notes.lines[0].endswith("sizes [1, 8, 4096, 128]")
+
+
 def test_torch_enable_gqa_version() -> None:
     assert torch_has_enable_gqa("2.11.0+cu130") and torch_has_enable_gqa("2.5.0")
     assert not torch_has_enable_gqa("2.4.1") and not torch_has_enable_gqa("1.13.1")

@@ -237,11 +237,12 @@ def first_call(peer: AttnPeer, fn: Callable[[], Any]) -> Any:
 
 
 def _reason(message: str) -> str:
-    """One line of a torch SDPA warning, without its "(Triggered internally at ...)" tail and
-    the empty "... not used because:" headers."""
+    """One line of a torch SDPA warning, without its "(Triggered internally at ...)" tail;
+    empty for the "... not used because:" headers and for the backends ``sdpa_kernel`` itself
+    turned off ("... has been runtime disabled."), which say nothing about the shape."""
     line = (message.strip().splitlines() or [""])[0]
     line = re.sub(r"\s*\(Triggered internally at .*$", "", line).strip()
-    return "" if line.endswith("because:") else line
+    return "" if line.endswith("because:") or "runtime disabled" in line else line
 
 
 # -- correctness guard ------------------------------------------------------------------------

@@ -118,6 +118,18 @@ class AttentionBench:
 
         self.timer, self.notes, self.fn = timer, notes, fn
         self._flush_buf = cupy.empty(L2_FLUSH_BYTES, dtype=cupy.int8)
+        self._refused: set[tuple[str, str, str, bool]] = set()
+
+    def _note_refusal(self, peer: str, part: str, shape: AttnShape, reason: str) -> None:
+        """Note why ``peer`` refused, once per (peer, part, dtype, GQA or not): torch's messages
+        carry the tensor sizes, so the same refusal would otherwise be noted for every cell."""
+        key = (peer, part, shape.dtype, shape.gqa)
+        if key not in self._refused:
+            self._refused.add(key)
+            gqa = ", grouped-query" if shape.gqa else ""
+            self.notes(
+                f"{peer}: n/a in {part} cells ({shape.dtype}{gqa}), e.g. {shape.label}: {reason}"
+            )
 
     def _flush_and_sync(self) -> None:
         self._flush_buf.fill(0)
@@ -170,9 +182,7 @@ class AttentionBench:
             fn = peer.build(case)
             out = first_call(peer, fn)
         except PeerUnavailable as exc:
-            # One note per peer, dtype and reason, however many cells it refuses.
-            gqa = ", grouped-query" if s.gqa else ""
-            self.notes(f"{peer.name}: n/a ({s.dtype}{gqa}): {exc}")
+            self._note_refusal(peer.name, "forward" if s.lq > 1 else "decoding", s, str(exc))
             return AttnResult(status="n/a", note=str(exc))
         except Exception as exc:
             self.notes(f"{peer.name} {s.label}: {type(exc).__name__}: {first_line(exc)}")
@@ -239,7 +249,12 @@ class AttentionBench:
             rows.append(self._cunorm_memory(case))
             progress.step(f"memory {shape.label} cunorm")
             for peer in peers:
-                rows.append(_torch_memory(peer, case, self.notes))
+                row = _torch_memory(peer, case)
+                if row["status"] == "n/a":
+                    self._note_refusal(peer.name, "memory", shape, row["note"])
+                elif row["status"] != "ok":
+                    self.notes(f"memory {peer.name} {shape.label}: {row['note']}")
+                rows.append(row)
                 progress.step(f"memory {shape.label} {peer.name}")
             case = None
             free_memory()
@@ -313,7 +328,7 @@ def _peak_hook() -> Any:
     return PeakHook()
 
 
-def _torch_memory(peer: AttnPeer, case: AttnCase, notes: Notes) -> dict[str, Any]:
+def _torch_memory(peer: AttnPeer, case: AttnCase) -> dict[str, Any]:
     """A torch backend's peak: ``torch.cuda.max_memory_allocated`` over the second call, less
     what was allocated before it and less the output (q, k, v belong to CuPy's pool)."""
     row = _memory_row(peer.name, case.shape)
@@ -334,10 +349,8 @@ def _torch_memory(peer: AttnPeer, case: AttnCase, notes: Notes) -> dict[str, Any
         row.update(extra_mb=extra / MB)
     except PeerUnavailable as exc:
         row.update(status="n/a", note=str(exc))
-        notes(f"{peer.name}: n/a (memory, {case.shape.dtype}): {exc}")
     except Exception as exc:
         row.update(status="ERROR", note=f"{type(exc).__name__}: {first_line(exc)}")
-        notes(f"memory {peer.name} {case.shape.label}: {row['note']}")
     out = None
     free_memory()
     return row
