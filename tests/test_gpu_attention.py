@@ -22,22 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from _gpu import BF16, DTYPES, GPU_MARKS, N_GPUS, TOL, cupy  # the shared GPU preamble
 
 import cunorm
 
-cupy = pytest.importorskip("cupy", reason="GPU tests need CuPy")
-try:
-    _N_GPUS = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # CuPy installed, no driver / no device
-    _N_GPUS = 0
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(_N_GPUS == 0, reason="no CUDA GPU: GPU tests not run")]
-
-ml_dtypes = pytest.importorskip("ml_dtypes")
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
-#: DESIGN section 3: relative max-norm error per row against float64
-TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
+pytestmark = GPU_MARKS
 #: unit roundoff of each dtype; twice it is the slack over 2x the naive error (a rounding tie)
 UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-52}
 #: (D, Dv): every head dim the issue names, and Dv != D
@@ -496,7 +485,7 @@ def test_bad_input_never_launches_and_leaves_out_untouched(rng, no_launch, monke
             cunorm.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
         assert str(info.value).startswith("attention()") and msg in str(info.value), info.value
         assert float(out.min()) == 7.0 == float(out.max()), f"{kwargs} wrote into out"
-    if _N_GPUS > 1:
+    if N_GPUS > 1:
         with cupy.cuda.Device(1):
             k1 = cupy.asarray(cupy.asnumpy(k))
         with pytest.raises(ValueError, match="k is on device 1 but q is on device 0"):

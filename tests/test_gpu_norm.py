@@ -14,25 +14,14 @@ import importlib
 
 import numpy as np
 import pytest
+from _gpu import BF16, DTYPES, GPU_MARKS, TOL, cupy  # the shared GPU preamble
 
 import cunorm
 from cunorm import _dispatch
 
 norm_module = importlib.import_module("cunorm.norm")
 
-cupy = pytest.importorskip("cupy", reason="GPU tests need CuPy")
-try:
-    _N_GPUS = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # CuPy installed, no driver / no device
-    _N_GPUS = 0
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(_N_GPUS == 0, reason="no CUDA GPU: GPU tests not run")]
-
-ml_dtypes = pytest.importorskip("ml_dtypes")
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
-#: DESIGN section 3: relative max-norm error per row against float64
-TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
+pytestmark = GPU_MARKS
 #: statistics (float32, float64 for float64 x) against float64: relative tolerance
 STATS_RTOL = {"float16": 1e-5, "bfloat16": 1e-5, "float32": 1e-5, "float64": 1e-12}
 OPS = ("layer_norm", "rms_norm")

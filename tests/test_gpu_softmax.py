@@ -8,24 +8,14 @@ import importlib
 
 import numpy as np
 import pytest
+from _gpu import BF16, DTYPES, GPU_MARKS, TOL, cupy  # the shared GPU preamble
 
 import cunorm
 from cunorm import _dispatch
 
 softmax_module = importlib.import_module("cunorm.softmax")  # the function shadows the module
 
-cupy = pytest.importorskip("cupy", reason="GPU tests need CuPy")
-try:
-    _N_GPUS = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # CuPy installed, no driver / no device
-    _N_GPUS = 0
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(_N_GPUS == 0, reason="no CUDA GPU: GPU tests not run")]
-
-ml_dtypes = pytest.importorskip("ml_dtypes")
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
-TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
+pytestmark = GPU_MARKS
 OPS = {"softmax": cunorm.softmax, "log_softmax": cunorm.log_softmax}
 
 # Column counts on every regime boundary: tiny groups, pack multiples +-1, warp limit +-1,

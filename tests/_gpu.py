@@ -1,0 +1,23 @@
+"""Shared preamble of the GPU test modules (``from _gpu import ...``): CuPy or a module skip,
+the ``gpu`` marker with a clear skip reason when no device is present, the four dtypes and
+DESIGN section 3's error bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+try:
+    N_GPUS = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # CuPy installed, no driver / no device
+    N_GPUS = 0
+#: assign to a test module's ``pytestmark``
+GPU_MARKS = [pytest.mark.gpu,
+             pytest.mark.skipif(N_GPUS == 0, reason="no CUDA GPU: GPU tests not run")]
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+#: DESIGN section 3: relative max-norm error per row against float64
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
