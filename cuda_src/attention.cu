@@ -10,16 +10,24 @@
 // Causal: query i sees key j iff j <= i + Lk - Lq (aligned bottom-right).
 //
 // Kernels (chosen by cunorm/_attn_dispatch.py):
+//   attn_wg<T, DP, BN>   float16 / bfloat16 on sm_90a: warpgroup MMA (wgmma), 2 warpgroups x
+//                        64 query rows, Q / K / V tiles in 128-byte-swizzled shared memory,
+//                        S = Q K^T from shared memory, O += P V with P from registers; the
+//                        next tile's S and this tile's P V overlap the softmax. DP = head dim
+//                        padded to a multiple of 64, BN keys per tile.
 //   attn_tc<T, DP, BN, MW>  float16 / bfloat16 on tensor cores: mma.sync m16n8k16 with float32
 //                        accumulation, ldmatrix from swizzled shared memory, cp.async double
 //                        buffering of the K/V tiles. 4 warps x 16 * MW query rows; DP = head
 //                        dim padded to a multiple of 32, BN keys per tile.
 //   attn_simt<T, DPL>    float32 / float64 on the CUDA cores, accumulating in double: one
-//                        warp per query row, 8 rows per block sharing each K/V tile.
+//                        warp per query row, 8 rows per block sharing each K/V tile
+//                        (float64: a first pass for the row max, compensated sums).
 //   attn_combine<T>      split-KV (FlashDecoding): blocks of one row tile take disjoint key
-//                        ranges (gridDim.z splits) and write float32 partial outputs and
-//                        log-sum-exps; this kernel merges them, weighting each by exp(lse_s -
-//                        lse).
+//                        ranges (gridDim.z splits) and write their unnormalized partial
+//                        outputs acc_s with the row max m_s and sum l_s; this kernel merges
+//                        them: y = sum_s e_s acc_s / sum_s e_s l_s, e_s = exp(m_s - max m).
+//                        (Merging through each split's log-sum-exp instead would round
+//                        m + log(l) and subtract it again: about |lse| units of error.)
 // A fully masked query row (every key masked, or causal with i + Lk - Lq < 0) gives 0 and
 // lse = -inf.
 namespace cunorm {
@@ -37,7 +45,7 @@ constexpr int kMaskAdd = 2;   // additive, in the input dtype
 
 #define CUNORM_ATTN_PARAMS                                                                  \
   const T *q, const T *k, const T *v, T *o, float *lse, typename AttnWork<T>::type *o_part,  \
-      typename AttnWork<T>::type *lse_part,                                                 \
+      typename AttnWork<T>::type *stat_part,                                                 \
       const void *mask, int mask_kind, int hkv, int group, i64 lq, i64 lk, int d, int dv,   \
       i64 q_sb, i64 q_sh, i64 q_sl, i64 k_sb, i64 k_sh, i64 k_sl, i64 v_sb, i64 v_sh,       \
       i64 v_sl, i64 o_sb, i64 o_sh, i64 o_sl, i64 lse_sb, i64 lse_sh, i64 lse_sl, i64 m_sb, \
@@ -91,13 +99,155 @@ __device__ __forceinline__ float attn_mask_bias(const void* mask, int kind, i64 
   return to_compute<float>(static_cast<const T*>(mask)[off]) * 1.4426950408889634f;
 }
 
-// Final or partial output of one query row: y = acc / l and lse = m + log(l) (natural log;
-// the caller gives m and l in the units it used). Written to o / lse when the launch has one
-// split, else to the float32 workspace of split blockIdx.z.
-struct AttnRowOut {
-  i64 o_off, lse_off, part_row;  // part_row: row index in the workspace (without the split)
-  bool valid;
+// Where results go: the output and lse of a launch with one split, else the float32 / float64
+// workspace of split blockIdx.z (row (split * B * Hkv + b * Hkv + kvh) * G * Lq + r): the
+// unnormalized output row in o_part, (row max in natural-log units, row sum) in stat_part.
+template <typename T> struct AttnOut {
+  T* o;
+  float* lse;
+  typename AttnWork<T>::type* o_part;
+  typename AttnWork<T>::type* stat_part;
+  i64 o_sb, o_sh, o_sl, lse_sb, lse_sh, lse_sl, row_tiles;
+  int dv;
+  bool vec;
+
+  // One query row from the tensor-core fragment layout: this thread holds columns
+  // 8j + 2 (lane % 4) + {0, 1} of flattened row r in acc[4j + 2h], acc[4j + 2h + 1] (j < ND),
+  // the row max m in log2 units and its share l of the row sum; the lane quad that shares the
+  // row adds the shares, so every lane must call (ok = false for rows past the tile's end).
+  template <int ND>
+  __device__ __forceinline__ void tc_row(const float* acc, int h, float m, float l, i64 r, bool ok,
+                                         const AttnTile& t, int group, i64 lq) const {
+    const int lane = threadIdx.x & 31;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (!ok) return;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const i64 head = static_cast<i64>(t.kvh) * group + r / lq;
+    const i64 pos = r % lq;
+    if (gridDim.z > 1) {
+      const i64 prow =
+          (static_cast<i64>(blockIdx.z) * (gridDim.x / row_tiles) + blockIdx.x / row_tiles) * t.rows + r;
+      float* dst = o_part + prow * dv;  // float workspace (AttnWork<T>)
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = j * 8 + (lane & 3) * 2;
+        if (col < dv) dst[col] = acc[4 * j + 2 * h];
+        if (col + 1 < dv) dst[col + 1] = acc[4 * j + 2 * h + 1];
+      }
+      if ((lane & 3) == 0) {
+        stat_part[2 * prow] = l > 0.0f ? m * 0.6931471805599453f : -Math<float>::inf();
+        stat_part[2 * prow + 1] = l;
+      }
+      return;
+    }
+    const float row_lse = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -Math<float>::inf();
+    T* dst = o + t.b * o_sb + head * o_sh + pos * o_sl;
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      const int col = j * 8 + (lane & 3) * 2;
+      const float y0 = acc[4 * j + 2 * h] * inv, y1 = acc[4 * j + 2 * h + 1] * inv;
+      if (vec && col + 1 < dv) {
+        *reinterpret_cast<unsigned*>(dst + col) = PairFromFloat<T>::cvt(y0, y1);
+      } else {
+        if (col < dv) dst[col] = from_compute<T>(y0);
+        if (col + 1 < dv) dst[col + 1] = from_compute<T>(y1);
+      }
+    }
+    if (lse != nullptr && (lane & 3) == 0) lse[t.b * lse_sb + head * lse_sh + pos * lse_sl] = row_lse;
+  }
 };
+
+#define CUNORM_ATTN_OUT \
+  AttnOut<T> { o, lse, o_part, stat_part, o_sb, o_sh, o_sl, lse_sb, lse_sh, lse_sl, row_tiles, dv, vec != 0 }
+
+// 2^x on the special-function unit alone (exp2f adds a range check and two multiplies per
+// call for inputs below -126, whose results flush to 0 here: the probabilities are rounded
+// to 16 bits, where such values are 0 anyway). 2^-inf = 0.
+__device__ __forceinline__ float attn_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Scores of the tensor-core paths (mma.sync and wgmma share the fragment layout): this
+// thread holds, for its rows r0 and r0 + 8 (h = 0, 1) of an m16 row tile, keys
+// n0 + 8j + 2 (lane % 4) + {0, 1} in s[4j + 2h], s[4j + 2h + 1] (j < NB), and the output
+// columns likewise in acc[4j + 2h + {0, 1}] (j < ND).
+template <typename T> struct AttnScores {
+  const void* mask;
+  int mask_kind, causal;
+  i64 lq, lk, m_sb, m_sh, m_sq, m_sk;
+  int group;
+  float scale_log2;
+
+  // Whether a key tile needs per-score masking: it runs past Lk, crosses the causal bound of
+  // the tile's first row, or an explicit mask exists.
+  __device__ __forceinline__ bool edge(const AttnTile& t, i64 n0, int bn) const {
+    return n0 + bn > lk || mask_kind != kMaskNone || (causal && n0 + bn - 1 > t.i_min + lk - lq);
+  }
+
+  // Scale to log2 units, mask, then one online-softmax step: the new row max over the lane quad
+  // that shares a row, alpha = exp2(m_old - m_new), l = l * alpha + sum(s), s = exp2(s - m_new).
+  // The caller rescales its output accumulator by alpha (rescale()).
+  template <int NB>
+  __device__ __forceinline__ void softmax_step(float* s, float m[2], float l[2], float alpha[2],
+                                               const AttnTile& t, i64 r0, const bool ok[2],
+                                               const i64 pos[2], i64 n0, bool edge) const {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[4 * j + e] * scale_log2;
+        if (edge) {
+          const int h = e >> 1;
+          const i64 key = n0 + j * 8 + (lane & 3) * 2 + (e & 1);
+          const bool keep = key < lk && (!causal || key <= pos[h] + lk - lq);
+          if (keep && mask_kind != kMaskNone && ok[h]) {
+            const i64 r = r0 + h * 8;
+            const i64 head = static_cast<i64>(t.kvh) * group + r / lq;
+            x += attn_mask_bias<T>(mask, mask_kind, t.b * m_sb + head * m_sh + pos[h] * m_sq + key * m_sk);
+          }
+          if (!keep) x = -Math<float>::inf();
+        }
+        s[4 * j + e] = x;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -Math<float>::inf();
+#pragma unroll
+      for (int j = 0; j < NB; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float m_use = m_new == -Math<float>::inf() ? 0.0f : m_new;  // all masked so far
+      alpha[h] = attn_exp2(m[h] - m_use);
+      m[h] = m_new;
+      l[h] *= alpha[h];
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        s[4 * j + 2 * h] = attn_exp2(s[4 * j + 2 * h] - m_use);
+        s[4 * j + 2 * h + 1] = attn_exp2(s[4 * j + 2 * h + 1] - m_use);
+        l[h] += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+      }
+    }
+  }
+};
+
+// acc[4j + 2h + {0, 1}] *= alpha[h]: the output of rows h = 0, 1 follows their new max.
+template <int ND> __device__ __forceinline__ void attn_rescale(float* acc, const float alpha[2]) {
+#pragma unroll
+  for (int j = 0; j < ND; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[4 * j + e] *= alpha[e >> 1];
+  }
+}
+
+#define CUNORM_ATTN_SCORES                                                                 \
+  AttnScores<T> { mask, mask_kind, causal, lq, lk, m_sb, m_sh, m_sq, m_sk, group,         \
+                  static_cast<float>(scale * 1.4426950408889634) }
 
 // ---------------------------------------------------------------------------------------
 // Tensor-core path (float16 / bfloat16).
@@ -138,22 +288,24 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned r[4], unsigned addr) {
 template <int DP> struct Swizzle {
   static constexpr int kChunks = DP / 8;
   static constexpr int kMask = kChunks % 8 == 0 ? 7 : 3;
+  static constexpr int kRowStride = DP;  // offset(r + 8n, c) = offset(r, c) + 8n * kRowStride
   static __device__ __forceinline__ int offset(int row, int chunk) {  // in elements
     return row * DP + ((chunk ^ (row & kMask)) << 3);
   }
 };
 
 // Copy rows [0, nrows) of a tile from global memory (row rr at src + row_off(rr)), columns
-// [0, ncols), zero-filling the rest of the ROWS x DP tile. vec: every row start is 16-byte
+// [0, ncols), zero-filling the rest of the ROWS x DP tile; 16-byte chunk c of row rr goes to
+// LAYOUT::offset(rr, c) (Swizzle for ldmatrix, Sw128 for wgmma). vec: every row start is 16-byte
 // aligned and ncols % 8 == 0, so whole chunks go by cp.async (zero-filled by src-size 0).
-template <int ROWS, int DP, typename T, class ROWOFF>
+template <int ROWS, int DP, class LAYOUT, typename T, class ROWOFF>
 __device__ __forceinline__ void attn_load_tile(T* tile, const T* src, const ROWOFF& row_off,
                                                int nrows, int ncols, bool vec) {
   constexpr int kChunks = DP / 8;
   for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += blockDim.x) {
     const int rr = idx / kChunks;
     const int c = idx % kChunks;
-    T* dst = tile + Swizzle<DP>::offset(rr, c);
+    T* dst = tile + LAYOUT::offset(rr, c);
     const int col = c * 8;
     if (vec) {
       const bool ok = rr < nrows && col < ncols;
@@ -171,6 +323,38 @@ __device__ __forceinline__ void attn_load_tile(T* tile, const T* src, const ROWO
       *reinterpret_cast<Pack<T, 8>*>(dst) = p;
     }
   }
+}
+
+// attn_load_tile for rows at a fixed stride (K and V tiles: row rr at src + rr * ld), by
+// THREADS threads. When the threads cover whole rows and step by a multiple of 8 rows (so
+// the swizzle of a thread's chunk never changes), each thread keeps one chunk column and
+// walks down the tile with two pointer increments per 16-byte cp.async; otherwise, or
+// without 16-byte alignment, the general loop.
+template <int ROWS, int DP, class LAYOUT, int THREADS, typename T>
+__device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, int nrows, int ncols,
+                                               bool vec) {
+  constexpr int kChunks = DP / 8;
+  constexpr int kStep = THREADS / kChunks;  // rows between a thread's chunks
+  if constexpr (THREADS % kChunks == 0 && kStep % 8 == 0 && ROWS % kStep == 0) {
+    if (vec) {
+      const int c = threadIdx.x % kChunks;
+      const int r = threadIdx.x / kChunks;
+      const T* g = src + r * ld + c * 8;
+      unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(tile + LAYOUT::offset(r, c)));
+      const bool col_ok = c * 8 < ncols;
+#pragma unroll
+      for (int i = 0; i < ROWS / kStep; ++i) {
+        const bool ok = col_ok && r + i * kStep < nrows;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(ok ? g : src),
+                     "r"(ok ? 16 : 0)
+                     : "memory");
+        g += kStep * ld;
+        dst += kStep * LAYOUT::kRowStride * static_cast<int>(sizeof(T));
+      }
+      return;
+    }
+  }
+  attn_load_tile<ROWS, DP, LAYOUT>(tile, src, [&](int rr) { return rr * ld; }, nrows, ncols, vec);
 }
 
 // MW m16 row tiles per warp (BM = 64 * MW rows per block): each K and V fragment read from
@@ -200,14 +384,12 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
     return t.b * q_sb + (q_head0 + r / lq) * q_sh + (r % lq) * q_sl;
   };
   const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
-  attn_load_tile<BM, DP>(qs, q, q_row, q_rows, d, vec != 0);
+  attn_load_tile<BM, DP, Swizzle<DP>>(qs, q, q_row, q_rows, d, vec != 0);
   auto load_kv = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
     const int nk = static_cast<int>(min(static_cast<i64>(BN), lk - n0));
-    attn_load_tile<BN, DP>(ks + stage * BN * DP, kb, [&](int rr) { return (n0 + rr) * k_sl; }, nk,
-                           d, vec != 0);
-    attn_load_tile<BN, DP>(vs + stage * BN * DP, vb, [&](int rr) { return (n0 + rr) * v_sl; }, nk,
-                           dv, vec != 0);
+    attn_load_rows<BN, DP, Swizzle<DP>, 128>(ks + stage * BN * DP, kb + n0 * k_sl, k_sl, nk, d, vec != 0);
+    attn_load_rows<BN, DP, Swizzle<DP>, 128>(vs + stage * BN * DP, vb + n0 * v_sl, v_sl, nk, dv, vec != 0);
   };
   if (tb < te) load_kv(tb, 0);
   copy_async_commit();
@@ -224,7 +406,7 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
       pos[mi][h] = row_ok[mi][h] ? r % lq : 0;
     }
   }
-  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  const AttnScores<T> scores = CUNORM_ATTN_SCORES;
   const unsigned qs_addr = static_cast<unsigned>(__cvta_generic_to_shared(qs));
   float acc[MW][ND][4];
   float m[MW][2], l[MW][2];
@@ -272,61 +454,14 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
       }
     }
 
-    // Scale to log2 units and mask: keys past Lk, the causal bound, the explicit mask.
-    const i64 n0 = tile * BN;
-    const bool edge = n0 + BN > lk || mask_kind != kMaskNone ||
-                      (causal && n0 + BN - 1 > t.i_min + lk - lq);
+    const bool edge = scores.edge(t, tile * BN, BN);
 #pragma unroll
     for (int mi = 0; mi < MW; ++mi) {
-#pragma unroll
-      for (int j = 0; j < NB; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[mi][j][e] * scale_log2;
-          if (edge) {
-            const int h = e >> 1;
-            const i64 key = n0 + j * 8 + (lane & 3) * 2 + (e & 1);
-            const bool keep = key < lk && (!causal || key <= pos[mi][h] + lk - lq);
-            if (keep && mask_kind != kMaskNone && row_ok[mi][h]) {
-              const i64 r = t.r0 + warp * WM + mi * 16 + lane / 4 + h * 8;
-              const i64 off =
-                  t.b * m_sb + (q_head0 + r / lq) * m_sh + pos[mi][h] * m_sq + key * m_sk;
-              x += attn_mask_bias<T>(mask, mask_kind, off);
-            }
-            if (!keep) x = -Math<float>::inf();
-          }
-          s[mi][j][e] = x;
-        }
-      }
-    }
-
-    // Online softmax: new row max over the quad that shares a row, rescale, exponentiate.
-#pragma unroll
-    for (int mi = 0; mi < MW; ++mi) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -Math<float>::inf();
-#pragma unroll
-        for (int j = 0; j < NB; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * h], s[mi][j][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[mi][h], mx);
-        const float m_use = m_new == -Math<float>::inf() ? 0.0f : m_new;  // all masked so far
-        const float alpha = exp2f(m[mi][h] - m_use);
-        m[mi][h] = m_new;
-        l[mi][h] *= alpha;
-#pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          acc[mi][j][2 * h] *= alpha;
-          acc[mi][j][2 * h + 1] *= alpha;
-        }
-#pragma unroll
-        for (int j = 0; j < NB; ++j) {
-          s[mi][j][2 * h] = exp2f(s[mi][j][2 * h] - m_use);
-          s[mi][j][2 * h + 1] = exp2f(s[mi][j][2 * h + 1] - m_use);
-          l[mi][h] += s[mi][j][2 * h] + s[mi][j][2 * h + 1];
-        }
-      }
+      const i64 r0 = t.r0 + warp * WM + mi * 16 + lane / 4;
+      float alpha[2];
+      scores.template softmax_step<NB>(&s[mi][0][0], m[mi], l[mi], alpha, t, r0, row_ok[mi],
+                                       pos[mi], tile * BN, edge);
+      attn_rescale<ND>(&acc[mi][0][0], alpha);
     }
 
     // O += P V: the score accumulators of two n8 blocks are the A fragment of one k16 step.
@@ -356,50 +491,291 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
   }
   copy_async_wait<0>();
 
-  // Row sums over the quad, then y = acc / l and lse.
-  const bool split = gridDim.z > 1;
+  const AttnOut<T> out = CUNORM_ATTN_OUT;
 #pragma unroll
   for (int mi = 0; mi < MW; ++mi) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float lsum = l[mi][h];
-      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-      if (!row_ok[mi][h]) continue;
-      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-      const i64 r = t.r0 + warp * WM + mi * 16 + lane / 4 + h * 8;
-      const i64 head = q_head0 + r / lq;
-      const float row_lse = lsum > 0.0f ? (m[mi][h] + log2f(lsum)) * 0.6931471805599453f
-                                        : -Math<float>::inf();
-      if (split) {
-        const i64 prow = (static_cast<i64>(blockIdx.z) * (gridDim.x / row_tiles) +
-                          blockIdx.x / row_tiles) * t.rows + r;
-        float* dst = o_part + prow * dv;  // float workspace (AttnWork<T>)
+    for (int h = 0; h < 2; ++h)
+      out.template tc_row<ND>(&acc[mi][0][0], h, m[mi][h], l[mi][h],
+                              t.r0 + warp * WM + mi * 16 + lane / 4 + h * 8, row_ok[mi][h], t, group, lq);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Warpgroup tensor-core path (float16 / bfloat16 on sm_90a: wgmma). Compiled only where the
+// source is built for the arch-specific sm_90a target (CUNORM_SM90A, see _kernels.py).
+//
+// Shared-memory tiles use wgmma's 128-byte swizzle: a ROWS x DP tile is DP / 64 column blocks
+// of ROWS rows x 128 bytes, and 16-byte chunk c of a row sits at chunk c ^ (row % 8) within
+// its 128-byte line (the pattern repeats every 8 rows = 1024 bytes from a 1024-byte aligned
+// base). Q and K are read K-major (head dim contiguous); V is read N-major through the same
+// layout (its rows are keys, the reduction dim of P V).
+template <int ROWS> struct Sw128 {
+  static constexpr int kRowStride = 64;  // offset(r + 8n, c) = offset(r, c) + 8n * kRowStride
+  static __device__ __forceinline__ int offset(int row, int chunk) {  // in elements
+    return ((chunk >> 3) * ROWS + row) * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+  }
+};
+
+#if defined(CUNORM_SM90A)
+// Matrix descriptor of a swizzled (128-byte) shared-memory operand: start address, leading
+// and stride byte offsets (K-major: lbo unused, sbo = 1024 between 8-row groups; N-major:
+// lbo = bytes between 64-column blocks, sbo = 1024 between 8-row groups of the K dim).
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of wgmma operand registers across issue / wait, and
+// keeps registers that an in-flight wgmma reads (its A fragments) live until the wait: were
+// they reused earlier, ptxas would have to wait for the wgmma before the reuse.
+template <int N> __device__ __forceinline__ void wg_pin(float* r) {
 #pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          const int col = j * 8 + (lane & 3) * 2;
-          if (col < dv) dst[col] = acc[mi][j][2 * h] * inv;
-          if (col + 1 < dv) dst[col + 1] = acc[mi][j][2 * h + 1] * inv;
-        }
-        if ((lane & 3) == 0) lse_part[prow] = row_lse;
-      } else {
-        T* dst = o + t.b * o_sb + head * o_sh + pos[mi][h] * o_sl;
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void wg_pin(unsigned* r) {
 #pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          const int col = j * 8 + (lane & 3) * 2;
-          if (vec && col + 1 < dv) {
-            *reinterpret_cast<unsigned*>(dst + col) =
-                PairFromFloat<T>::cvt(acc[mi][j][2 * h] * inv, acc[mi][j][2 * h + 1] * inv);
-          } else {
-            if (col < dv) dst[col] = from_compute<T>(acc[mi][j][2 * h] * inv);
-            if (col + 1 < dv) dst[col + 1] = from_compute<T>(acc[mi][j][2 * h + 1] * inv);
-          }
-        }
-        if (lse != nullptr && (lane & 3) == 0)
-          lse[t.b * lse_sb + head * lse_sh + pos[mi][h] * lse_sl] = row_lse;
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+// Shared memory written by the threads (cp.async, stores) becomes visible to wgmma's async
+// proxy; each writing thread fences before the barrier that publishes the tile.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+#define CUNORM_F32(o)                                                                          \
+  "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]),  \
+  "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]),                 \
+  "+f"(d[o + 11]), "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]),             \
+  "+f"(d[o + 16]), "+f"(d[o + 17]), "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]),             \
+  "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]), "+f"(d[o + 24]), "+f"(d[o + 25]),             \
+  "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]), "+f"(d[o + 30]),             \
+  "+f"(d[o + 31])
+#define CUNORM_R32                                                                           \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+  "%25,%26,%27,%28,%29,%30,%31}"
+#define CUNORM_R64                                                                           \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+  "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"   \
+  "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+
+// D (64 x N, float) (+)= A (64 x 16) B (16 x N), for one warpgroup. ss: A and B from shared
+// memory, both K-major. rs: A from registers (the accumulator layout of a previous wgmma,
+// converted to 16-bit pairs), B N-major. accumulate = 0 overwrites D.
+template <typename T, int N> struct Wgmma;
+#define CUNORM_WGMMA(TYPE, TSTR)                                                                  \
+  template <> struct Wgmma<TYPE, 64> {                                                           \
+    static __device__ __forceinline__ void ss(float* d, unsigned long long a, unsigned long long b, \
+                                              int accumulate) {                                  \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                   \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TSTR "." TSTR " " CUNORM_R32     \
+                   ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                              \
+                   : CUNORM_F32(0)                                                                \
+                   : "l"(a), "l"(b), "r"(accumulate));                                            \
+    }                                                                                             \
+    static __device__ __forceinline__ void rs(float* d, const unsigned a[4], unsigned long long b) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TSTR "." TSTR " " CUNORM_R32     \
+                   ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                                  \
+                   : CUNORM_F32(0)                                                                \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                 \
+    }                                                                                             \
+  };                                                                                              \
+  template <> struct Wgmma<TYPE, 128> {                                                          \
+    static __device__ __forceinline__ void ss(float* d, unsigned long long a, unsigned long long b, \
+                                              int accumulate) {                                  \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                   \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." TSTR "." TSTR " " CUNORM_R64    \
+                   ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                              \
+                   : CUNORM_F32(0), CUNORM_F32(32)                                                \
+                   : "l"(a), "l"(b), "r"(accumulate));                                            \
+    }                                                                                             \
+    static __device__ __forceinline__ void rs(float* d, const unsigned a[4], unsigned long long b) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                  \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." TSTR "." TSTR " " CUNORM_R64    \
+                   ", {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                                  \
+                   : CUNORM_F32(0), CUNORM_F32(32)                                                \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                 \
+    }                                                                                             \
+  };
+CUNORM_WGMMA(half_t, "f16")
+CUNORM_WGMMA(bf16_t, "bf16")
+#undef CUNORM_WGMMA
+#undef CUNORM_F32
+#undef CUNORM_R32
+#undef CUNORM_R64
+#endif  // CUNORM_SM90A
+
+// Two warpgroups x 64 query rows (BM = 128), BN keys per tile, DP = head dim padded to 64.
+// K and V tiles are double-buffered by cp.async. Within an iteration the warpgroup issues
+// S' = Q K'^T for the next tile, then computes the online softmax of the current tile while
+// the tensor cores work, then issues O += P V; one barrier per key tile.
+template <typename T, int DP, int BN>
+__global__ void __launch_bounds__(256, 1) attn_wg(CUNORM_ATTN_PARAMS) {
+#if defined(CUNORM_SM90A)
+  constexpr int BM = 128;
+  constexpr int NB = BN / 8;  // n8 blocks of scores
+  constexpr int ND = DP / 8;  // n8 blocks of output
+  constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
+  T* const qs = reinterpret_cast<T*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+  T* const ks = qs + BM * DP;      // 2 stages of BN x DP
+  T* const vs = ks + 2 * BN * DP;  // 2 stages
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;  // warpgroup warp / 4 owns rows 64 (warp / 4) + 16 (warp % 4)
+
+  const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM);
+  i64 tb, te;
+  attn_key_range(t, lq, lk, causal, BN, tb, te);
+  const T* const kb = k + t.b * k_sb + t.kvh * k_sh;
+  const T* const vb = v + t.b * v_sb + t.kvh * v_sh;
+  const i64 q_head0 = static_cast<i64>(t.kvh) * group;
+  const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
+  attn_load_tile<BM, DP, Sw128<BM>>(
+      qs, q, [&](int rr) {
+        const i64 r = t.r0 + rr;
+        return t.b * q_sb + (q_head0 + r / lq) * q_sh + (r % lq) * q_sl;
+      },
+      q_rows, d, vec != 0);
+  auto load_k = [&](i64 tile, int stage) {
+    const i64 n0 = tile * BN;
+    attn_load_rows<BN, DP, Sw128<BN>, 256>(ks + stage * BN * DP, kb + n0 * k_sl, k_sl,
+                                           static_cast<int>(min(static_cast<i64>(BN), lk - n0)), d, vec != 0);
+  };
+  auto load_v = [&](i64 tile, int stage) {
+    const i64 n0 = tile * BN;
+    attn_load_rows<BN, DP, Sw128<BN>, 256>(vs + stage * BN * DP, vb + n0 * v_sl, v_sl,
+                                           static_cast<int>(min(static_cast<i64>(BN), lk - n0)), dv, vec != 0);
+  };
+
+  const i64 r0 = t.r0 + warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8
+  bool row_ok[2];
+  i64 pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_ok[h] = r0 + 8 * h < t.rows;
+    pos[h] = row_ok[h] ? (r0 + 8 * h) % lq : 0;
+  }
+  const AttnScores<T> scores = CUNORM_ATTN_SCORES;
+  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(qs)) + (warp >> 2) * 64 * 128;
+  const unsigned k_addr = static_cast<unsigned>(__cvta_generic_to_shared(ks));
+  const unsigned v_addr = static_cast<unsigned>(__cvta_generic_to_shared(vs));
+
+  // S = Q K^T of the tile in K stage `stage` (issued, not waited).
+  float s[BN / 2];
+  auto qk = [&](int stage) {
+    wg_pin<BN / 2>(s);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      const unsigned col = (kk & 3) * 32;  // byte offset of the k16 slice in a 128-byte line
+      const unsigned long long da = wg_desc(q_addr + (kk >> 2) * BM * 128 + col, 16, 1024);
+      const unsigned long long db =
+          wg_desc(k_addr + stage * BN * DP * 2 + (kk >> 2) * BN * 128 + col, 16, 1024);
+      Wgmma<T, BN>::ss(s, da, db, kk > 0);
+    }
+    wg_commit();
+  };
+  // P: the softmaxed scores as 16-bit A fragments, one per k16 slice of the tile's keys.
+  unsigned p[BN / 16][4];
+  auto to_p = [&]() {
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[kt][e] = PairFromFloat<T>::cvt(s[8 * kt + 2 * e], s[8 * kt + 2 * e + 1]);
+    }
+  };
+  // O += P V with V in stage `stage` (issued, not waited).
+  float acc[DP / 2];
+#pragma unroll
+  for (int i = 0; i < DP / 2; ++i) acc[i] = 0.0f;
+  auto pv = [&](int stage) {
+    wg_pin<DP / 2>(acc);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+#pragma unroll
+      for (int n = 0; n < DP / ON; ++n) {
+        const unsigned long long db = wg_desc(
+            v_addr + stage * BN * DP * 2 + kt * 16 * 128 + n * (ON / 64) * BN * 128, BN * 128, 1024);
+        Wgmma<T, ON>::rs(acc + n * (ON / 2), p[kt], db);
       }
     }
+    wg_commit();
+  };
+
+  float m[2] = {-Math<float>::inf(), -Math<float>::inf()};
+  float l[2] = {0.0f, 0.0f};
+  float alpha[2];
+  // Prologue: Q, K of the first two tiles and V of the first; P of the first tile.
+  if (tb < te) load_k(tb, 0);
+  if (tb + 1 < te) load_k(tb + 1, 1);
+  if (tb < te) load_v(tb, 0);
+  copy_async_commit();
+  copy_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  if (tb < te) {
+    qk(0);
+    wg_wait<0>();
+    wg_pin<BN / 2>(s);
+    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, tb * BN, scores.edge(t, tb * BN, BN));
+    to_p();
   }
+  // Tile `tile`: P holds its probabilities; K of tile + 1 and V of tile are resident (or
+  // landing). The tensor cores run S = Q K^T of the next tile, then P V, while the softmax of
+  // the new S runs under P V; the output is rescaled once P V is done. (The last tile, with
+  // no next, is peeled off so that every wgmma group here is unconditional: ptxas serializes
+  // wgmma when it cannot match a wait to its group.)
+  auto publish = [&]() {
+    copy_async_wait<0>();  // K of tile + 1 and V of tile, issued one step ago
+    fence_proxy_async();
+    __syncthreads();  // ... visible to all, and every warpgroup is done with the stages refilled next
+  };
+  for (i64 tile = tb; tile + 1 < te; ++tile) {
+    const int st = static_cast<int>((tile - tb) & 1);
+    publish();
+    qk(st ^ 1);
+    pv(st);
+    // The next loads go to the stages this iteration does not read, issued under the MMAs.
+    if (tile + 2 < te) load_k(tile + 2, st);
+    load_v(tile + 1, st ^ 1);
+    copy_async_commit();
+    wg_wait<1>();
+    wg_pin<BN / 2>(s);
+    const i64 n0 = (tile + 1) * BN;
+    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+    // Pin the softmax results before the wait: otherwise the compiler may sink the softmax
+    // below it, and it no longer runs under P V.
+    wg_pin<BN / 2>(s);
+    wg_pin<2>(alpha);
+    wg_pin<2>(l);
+    wg_wait<0>();
+    wg_pin<DP / 2>(acc);
+    wg_pin<BN / 4>(&p[0][0]);
+    attn_rescale<ND>(acc, alpha);
+    to_p();
+  }
+  if (tb < te) {
+    publish();
+    pv(static_cast<int>((te - 1 - tb) & 1));
+    wg_wait<0>();
+    wg_pin<DP / 2>(acc);
+  }
+  copy_async_wait<0>();
+
+  const AttnOut<T> out = CUNORM_ATTN_OUT;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) out.template tc_row<ND>(acc, h, m[h], l[h], r0 + 8 * h, row_ok[h], t, group, lq);
+#else
+  __trap();  // planned only for sm_90a builds
+#endif
 }
 
 // ---------------------------------------------------------------------------------------
@@ -407,6 +783,14 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
 // the scores (lane j: the dot product of the row with key j of a 32-key tile held in shared
 // memory) and head-dim columns for the output (lane c: columns c, c + 32, ...). DPL = columns
 // per lane = ceil(max(D, Dv) / 32).
+// a + b rounded, its rounding error added to err (Knuth's TwoSum: exact for any a, b).
+template <typename C> __device__ __forceinline__ C two_sum_into(C a, C b, C& err) {
+  const C s = a + b;
+  const C bb = s - a;
+  err += (a - (s - bb)) + (b - bb);
+  return s;
+}
+
 template <typename T, int DPL>
 __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
   typedef typename AttnWork<T>::type C;  // double
@@ -434,26 +818,34 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
   const T* const vb = v + t.b * v_sb + t.kvh * v_sh;
 
   C acc[DPL];
+  // float64 accumulates with compensated sums (the naive float64 matmul it is held to is
+  // blocked; a plain running sum over Lk keys would round up to ~3x worse). float32 inputs
+  // accumulate in double, far below their own rounding, and skip it.
+  constexpr bool kCompensated = IsSame<T, double>::value;
+  C comp[DPL];
 #pragma unroll
-  for (int u = 0; u < DPL; ++u) acc[u] = C(0);
+  for (int u = 0; u < DPL; ++u) acc[u] = comp[u] = C(0);
   C m = -Math<C>::inf();
   C l = C(0);  // this lane's share of the row sum
-  for (i64 tile = tb; tile < te; ++tile) {
-    const i64 n0 = tile * BN;
-    const int nk = static_cast<int>(min(static_cast<i64>(BN), lk - n0));
-    __syncthreads();  // the previous tile is consumed (and qrow written, on the first)
+  C l_comp = C(0);
+  auto load_k = [&](i64 n0, int nk) {  // K tile in double, odd row stride
     for (int idx = threadIdx.x; idx < BN * d; idx += blockDim.x) {
       const int j = idx / d, c = idx % d;
       ks[j * ksd + c] = j < nk ? static_cast<C>(kb[(n0 + j) * k_sl + c]) : C(0);
     }
-    for (int idx = threadIdx.x; idx < BN * dv; idx += blockDim.x) {
-      const int j = idx / dv, c = idx % dv;
-      vs[j * dv + c] = j < nk ? static_cast<C>(vb[(n0 + j) * v_sl + c]) : C(0);
-    }
-    __syncthreads();
+  };
+  // Scaled, masked score of this lane's key n0 + lane (-inf where masked).
+  auto score = [&](i64 n0) {
     const i64 key = n0 + lane;
-    C s = C(0);
-    for (int c = 0; c < d; ++c) s = fma(qrow[c], ks[lane * ksd + c], s);
+    // Four interleaved partial dot products: shorter rounding chains and independent FMAs.
+    C s4[4] = {C(0), C(0), C(0), C(0)};
+    int c4 = 0;
+    for (; c4 + 4 <= d; c4 += 4) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s4[e] = fma(qrow[c4 + e], ks[lane * ksd + c4 + e], s4[e]);
+    }
+    for (; c4 < d; ++c4) s4[0] = fma(qrow[c4], ks[lane * ksd + c4], s4[0]);
+    C s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
     s *= static_cast<C>(scale);  // scaled once, after the dot product, as q @ k.T * scale
     bool keep = key < lk && (!causal || key <= pos + lk - lq);
     if (keep && mask_kind != kMaskNone && row_ok) {
@@ -464,7 +856,33 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
         s += static_cast<C>(static_cast<const T*>(mask)[off]);
       }
     }
-    if (!keep) s = -Math<C>::inf();
+    return keep ? s : -Math<C>::inf();
+  };
+  if (kCompensated) {
+    // float64: the row max first (one more pass over K), so that the main pass never
+    // rescales: each rescale would multiply the sums by an inexact exp(m_old - m_new).
+    for (i64 tile = tb; tile < te; ++tile) {
+      const i64 n0 = tile * BN;
+      __syncthreads();
+      load_k(n0, static_cast<int>(min(static_cast<i64>(BN), lk - n0)));
+      __syncthreads();
+      C mx = score(n0);
+#pragma unroll
+      for (int w = 16; w > 0; w /= 2) mx = Math<C>::max(mx, __shfl_xor_sync(0xffffffffu, mx, w));
+      m = Math<C>::max(m, mx);
+    }
+  }
+  for (i64 tile = tb; tile < te; ++tile) {
+    const i64 n0 = tile * BN;
+    const int nk = static_cast<int>(min(static_cast<i64>(BN), lk - n0));
+    __syncthreads();  // the previous tile is consumed (and qrow written, on the first)
+    load_k(n0, nk);
+    for (int idx = threadIdx.x; idx < BN * dv; idx += blockDim.x) {
+      const int j = idx / dv, c = idx % dv;
+      vs[j * dv + c] = j < nk ? static_cast<C>(vb[(n0 + j) * v_sl + c]) : C(0);
+    }
+    __syncthreads();
+    const C s = score(n0);
     C mx = s;
 #pragma unroll
     for (int w = 16; w > 0; w /= 2) mx = Math<C>::max(mx, __shfl_xor_sync(0xffffffffu, mx, w));
@@ -473,6 +891,32 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
     const C alpha = Math<C>::exp(m - m_use);
     m = m_new;
     const C p = Math<C>::exp(s - m_use);
+    if (kCompensated) {
+      // acc and l carry their rounding errors in comp / l_comp (TwoSum, and FMA for the exact
+      // product error), so the error stays near one rounding however many keys the row has.
+      const C la = l * alpha;
+      l_comp = fma(l_comp, alpha, fma(l, alpha, -la));
+      l = two_sum_into(la, p, l_comp);
+#pragma unroll
+      for (int u = 0; u < DPL; ++u) {
+        const C a = acc[u] * alpha;
+        comp[u] = fma(comp[u], alpha, fma(acc[u], alpha, -a));
+        acc[u] = a;
+      }
+      for (int j = 0; j < nk; ++j) {
+        const C pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+        for (int u = 0; u < DPL; ++u) {
+          const int c = lane + 32 * u;
+          if (c < dv) {
+            const C x = pj * vs[j * dv + c];
+            comp[u] += fma(pj, vs[j * dv + c], -x);
+            acc[u] = two_sum_into(acc[u], x, comp[u]);
+          }
+        }
+      }
+      continue;
+    }
     l = l * alpha + p;
     // The tile's sum first, then one add to the running sum: rounding grows with 32 + Lk / 32
     // terms instead of Lk (a long decoding row stays within 2x of a blocked matmul's error).
@@ -490,19 +934,26 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
 #pragma unroll
     for (int u = 0; u < DPL; ++u) acc[u] = fma(acc[u], alpha, part[u]);
   }
+  if (kCompensated) {
+    l += l_comp;
+#pragma unroll
+    for (int u = 0; u < DPL; ++u) acc[u] += comp[u];
+  }
 #pragma unroll
   for (int w = 16; w > 0; w /= 2) l += __shfl_xor_sync(0xffffffffu, l, w);
   if (!row_ok) return;
-  const C row_lse = l > C(0) ? m + Math<C>::log(l) : -Math<C>::inf();
-  if (gridDim.z > 1) {
+  if (gridDim.z > 1) {  // unnormalized partial row, its max and sum (see AttnOut)
     const i64 prow = (static_cast<i64>(blockIdx.z) * (gridDim.x / row_tiles) + blockIdx.x / row_tiles) *
                          t.rows + r;
 #pragma unroll
     for (int u = 0; u < DPL; ++u) {
       const int c = lane + 32 * u;
-      if (c < dv) o_part[prow * dv + c] = l > C(0) ? acc[u] / l : C(0);
+      if (c < dv) o_part[prow * dv + c] = acc[u];
     }
-    if (lane == 0) lse_part[prow] = row_lse;
+    if (lane == 0) {
+      stat_part[2 * prow] = l > C(0) ? m : -Math<C>::inf();
+      stat_part[2 * prow + 1] = l;
+    }
   } else {
     T* dst = o + t.b * o_sb + head * o_sh + pos * o_sl;
 #pragma unroll
@@ -510,19 +961,21 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
       const int c = lane + 32 * u;
       if (c < dv) dst[c] = static_cast<T>(l > C(0) ? acc[u] / l : C(0));
     }
-    if (lse != nullptr && lane == 0)
+    if (lse != nullptr && lane == 0) {
+      const C row_lse = l > C(0) ? m + Math<C>::log(l) : -Math<C>::inf();
       lse[t.b * lse_sb + head * lse_sh + pos * lse_sl] = static_cast<float>(row_lse);
+    }
   }
 }
 
 // ---------------------------------------------------------------------------------------
-// Split-KV merge: one block per flattened row (batch, KV head, r); the splits' partial rows
-// weighted by exp(lse_s - lse), lse = log(sum exp(lse_s)), in the compute type (the
-// workspace's: float, double for float64). Rows with every split empty or fully masked give
-// 0 and -inf.
+// Split-KV merge: one block per flattened row (batch, KV head, r). With M the largest split
+// max and e_s = exp(m_s - M): y = sum_s e_s acc_s / L, L = sum_s e_s l_s, lse = M + log(L), in
+// the workspace's type (float; double for the SIMT dtypes). Splits with l_s = 0 (no key, or
+// every key masked) are skipped; a row with none left gives 0 and -inf.
 template <typename T>
 __global__ void __launch_bounds__(128) attn_combine(const typename AttnWork<T>::type* o_part,
-                                                    const typename AttnWork<T>::type* lse_part,
+                                                    const typename AttnWork<T>::type* stat_part,
                                                     int splits, i64 part_rows, T* o, float* lse,
                                                     int hkv, int group, i64 lq, int dv, i64 o_sb,
                                                     i64 o_sh, i64 o_sl, i64 lse_sb, i64 lse_sh,
@@ -532,26 +985,26 @@ __global__ void __launch_bounds__(128) attn_combine(const typename AttnWork<T>::
   const i64 rows = static_cast<i64>(group) * lq;
   const i64 bh = prow / rows, r = prow % rows;
   const i64 b = bh / hkv, head = (bh % hkv) * group + r / lq, pos = r % lq;
+  auto stat = [&](int s) { return stat_part + 2 * (s * part_rows + prow); };  // (m_s, l_s)
   P mx = -Math<P>::inf();
-  for (int s = 0; s < splits; ++s) mx = Math<P>::max(mx, lse_part[s * part_rows + prow]);
-  P total = P(0);
-  if (mx != -Math<P>::inf()) {
-    for (int s = 0; s < splits; ++s) total += Math<P>::exp(lse_part[s * part_rows + prow] - mx);
+  for (int s = 0; s < splits; ++s) {
+    if (stat(s)[1] > P(0)) mx = Math<P>::max(mx, stat(s)[0]);
   }
-  const P row_lse = total > P(0) ? mx + Math<P>::log(total) : -Math<P>::inf();
+  P total = P(0);
+  for (int s = 0; s < splits; ++s) {
+    if (stat(s)[1] > P(0)) total += Math<P>::exp(stat(s)[0] - mx) * stat(s)[1];
+  }
   T* dst = o + b * o_sb + head * o_sh + pos * o_sl;
   for (int c = threadIdx.x; c < dv; c += blockDim.x) {
     P y = P(0);
-    if (total > P(0)) {
-      for (int s = 0; s < splits; ++s) {
-        const P ls = lse_part[s * part_rows + prow];
-        if (ls != -Math<P>::inf()) y += Math<P>::exp(ls - row_lse) * o_part[(s * part_rows + prow) * dv + c];
-      }
+    for (int s = 0; s < splits; ++s) {
+      if (stat(s)[1] > P(0)) y += Math<P>::exp(stat(s)[0] - mx) * o_part[(s * part_rows + prow) * dv + c];
     }
-    dst[c] = from_compute<T>(y);
+    dst[c] = from_compute<T>(total > P(0) ? y / total : P(0));
   }
   if (lse != nullptr && threadIdx.x == 0)
-    lse[b * lse_sb + head * lse_sh + pos * lse_sl] = static_cast<float>(row_lse);
+    lse[b * lse_sb + head * lse_sh + pos * lse_sl] =
+        static_cast<float>(total > P(0) ? mx + Math<P>::log(total) : -Math<P>::inf());
 }
 
 }  // namespace cunorm

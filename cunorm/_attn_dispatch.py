@@ -6,7 +6,9 @@ so every branch is unit-tested on a CPU.
 
 A launch covers, for every (batch, KV head), the ``G * Lq`` query rows of that KV head's
 ``G = Hq / Hkv`` query heads, flattened (grouped-query attention shares each K/V tile across the
-group). float16 / bfloat16 run on tensor cores (``attn_tc``, 64 or 128 query rows per block),
+group). float16 / bfloat16 run on tensor cores: on compute capability 9.0 with warpgroup MMA
+(``attn_wg``, sm_90a, 128 query rows per block), elsewhere, for head dims up to 32 and for
+fewer than WG_MIN_ROWS rows per KV head, with warp-level ``mma.sync`` (``attn_tc``, 64 rows);
 float32 / float64 on the SIMT path (``attn_simt``, 8 rows per block). When the row tiles cannot
 fill the GPU (decoding: ``Lq = 1``), the keys are split over ``splits`` blocks per row tile
 (FlashDecoding) and ``attn_combine`` merges the partial results by their log-sum-exp.
@@ -25,6 +27,17 @@ from ._dispatch import CTYPE, Occupancy, _cdiv
 TC_DTYPES = ("float16", "bfloat16")
 SIMT_DTYPES = ("float32", "float64")
 MAX_HEAD_DIM = 256
+#: warpgroup path (wgmma): query rows per block (2 warpgroups x 64), threads, keys per tile by
+#: head dim padded to 64. ptxas (sm_90a): 200 registers at D = 64 / BN = 128, 236 at 128 / 128,
+#: 218 at 192 / 64, 250 at 256 / 64, no spills; 256 / 128 spills.
+WG_BLOCK_M = 128
+WG_THREADS = 256
+WG_TILES = {64: 128, 128: 128, 192: 64, 256: 64}
+#: head dims up to this stay on attn_tc (padding them to 64 would double the MMA work), as do
+#: launches with fewer than WG_MIN_ROWS query rows per KV head (decoding: 64-row tiles waste
+#: less than 128-row ones)
+WG_MAX_SMALL_DIM = 32
+WG_MIN_ROWS = 64
 #: tensor-core path: query rows per block and warp row tile (4 warps x 16; x MW, see
 #: tc_row_tiles_per_warp), threads, head dims compiled
 TC_BLOCK_M = 64
@@ -147,6 +160,29 @@ def simt_smem(d: int, dv: int, itemsize: int) -> int:
     return (SIMT_BLOCK_N * ksd + SIMT_BLOCK_N * dv + SIMT_ROWS * d) * itemsize
 
 
+def wg_head_dim(d: int, dv: int) -> int:
+    """Head dim the warpgroup kernel is compiled for: max(D, Dv) rounded up to 64."""
+    return _cdiv(max(d, dv), 64) * 64
+
+
+def wg_kernel(ctype: str, dp: int) -> str:
+    return f"cunorm::attn_wg<{ctype}, {dp}, {WG_TILES[dp]}>"
+
+
+def wg_smem(dp: int) -> int:
+    """Shared memory of ``attn_wg``: the Q tile and two stages of K and V tiles (16-bit), plus
+    1 KB to align them to the 1024-byte period of wgmma's 128-byte swizzle."""
+    return (WG_BLOCK_M + 4 * WG_TILES[dp]) * dp * 2 + 1024
+
+
+def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int) -> bool:
+    """Whether a launch runs on the warpgroup kernel: a 16-bit dtype on compute capability 9.0
+    (sm_90a; ``_kernels.ARCH_SPECIFIC_SOURCES``), head dim above WG_MAX_SMALL_DIM, at least
+    WG_MIN_ROWS query rows per KV head."""
+    return (arch == 90 and dtype in TC_DTYPES and max(d, dv) > WG_MAX_SMALL_DIM
+            and rows >= WG_MIN_ROWS)
+
+
 def choose_splits(row_blocks: int, key_tiles: int, resident: int) -> int:
     """Split-KV count: enough blocks to fill ``resident`` slots (SMs x blocks per SM) when
     the row tiles alone cannot, with at least MIN_TILES_PER_SPLIT key tiles per split."""
@@ -188,7 +224,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
     >>> p = plan_attention("bfloat16", 128, 128, 4096, 4096, 4, 16, 1, h100, lambda k, b, s: 2)
     >>> p.kernel, p.grid, p.splits
-    ('cunorm::attn_tc<cunorm::bf16_t, 128, 64, 1>', (4096, 1, 1), 1)
+    ('cunorm::attn_wg<cunorm::bf16_t, 128, 128>', (2048, 1, 1), 1)
     >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits
     33
     """
@@ -200,7 +236,12 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         raise ValueError("attention plan needs lq, lk, batch, hkv and group >= 1")
     ctype = CTYPE[dtype]
     rows = group * lq
-    if dtype in TC_DTYPES:
+    if uses_wgmma(dtype, d, dv, rows, props.arch):
+        dp = wg_head_dim(d, dv)
+        bn = WG_TILES[dp]
+        kernel = wg_kernel(ctype, dp)
+        smem, threads, bm = wg_smem(dp), WG_THREADS, WG_BLOCK_M
+    elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
         bn = tc_block_n(dp)
         kernel = tc_kernel(ctype, dp)
@@ -225,12 +266,15 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
                     smem, row_tiles, splits)
 
 
-def all_kernel_names() -> list[str]:
-    """Every attention kernel the planner can emit (nvcc test, precompile)."""
+def all_kernel_names(arch: int) -> list[str]:
+    """Every attention kernel the planner can emit for compute capability ``arch`` (nvcc test,
+    precompile)."""
     names = []
     for dtype in TC_DTYPES:
         ctype = CTYPE[dtype]
         names += [tc_kernel(ctype, dp) for dp in TC_TILES]
+        if arch == 90:
+            names += [wg_kernel(ctype, dp) for dp in WG_TILES]
     for dtype in SIMT_DTYPES:
         ctype = CTYPE[dtype]
         names += [f"cunorm::attn_simt<{ctype}, {n}>" for n in range(1, MAX_HEAD_DIM // 32 + 1)]

@@ -78,14 +78,14 @@ def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None, lse
     ls = (0, 0, 0) if lse is None else _strides(lse, "lse")
     rows = group * lq
     part_rows = bsz * hkv * rows
-    o_part = lse_part = None
+    o_part = stat_part = None
     if plan.splits > 1:
         # AttnWork<T> of attention.cu: float on tensor cores, double on the SIMT path
         work = np.float64 if dtype in _attn_dispatch.SIMT_DTYPES else np.float32
         o_part = cupy.empty((plan.splits, part_rows, dv), work)
-        lse_part = cupy.empty((plan.splits, part_rows), work)
+        stat_part = cupy.empty((plan.splits, part_rows, 2), work)  # (row max, row sum)
     args = (q, k, v, out, null if lse is None else lse,
-            null if o_part is None else o_part, null if lse_part is None else lse_part,
+            null if o_part is None else o_part, null if stat_part is None else stat_part,
             null if mask is None else mask, np.int32(kind), np.int32(hkv), np.int32(group),
             i64(lq), i64(lk), np.int32(d), np.int32(dv),
             *(i64(s) for s in qs[:3]), *(i64(s) for s in ks[:3]), *(i64(s) for s in vs[:3]),
@@ -94,7 +94,7 @@ def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None, lse
     kernel(plan.grid, (plan.block,), args, shared_mem=plan.smem)
     if plan.splits > 1:
         combine((part_rows,), (_attn_dispatch.COMBINE_THREADS,),
-                (o_part, lse_part, np.int32(plan.splits), i64(part_rows), out,
+                (o_part, stat_part, np.int32(plan.splits), i64(part_rows), out,
                  null if lse is None else lse, np.int32(hkv), np.int32(group), i64(lq),
                  np.int32(dv), *(i64(s) for s in os_[:3]), *(i64(s) for s in ls)))
 

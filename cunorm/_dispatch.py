@@ -530,5 +530,5 @@ def all_kernel_names(arch: int) -> list[str]:
                              for c in clusters)
     from ._attn_dispatch import all_kernel_names as attention_kernel_names
 
-    names.update(attention_kernel_names())
+    names.update(attention_kernel_names(arch))
     return sorted(names)

@@ -48,11 +48,26 @@ def kernel_source(op_file: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def compile_options(arch: int) -> tuple[str, ...]:
-    """NVRTC/nvcc options for compute capability ``arch`` (e.g. 90). Must be a tuple (CuPy)."""
-    opts = ["--std=c++17", f"--gpu-architecture=sm_{arch}"]
+#: Sources with kernels that use arch-specific instructions (wgmma): on compute capability 9.0
+#: they are built for sm_90a, whose machine code runs on 9.0 devices only (each build is for the
+#: device it runs on); elsewhere those kernels compile to a trap and are never planned.
+ARCH_SPECIFIC_SOURCES = frozenset({"attention.cu"})
+
+
+def arch_specific(arch: int, op_file: str) -> bool:
+    """Whether ``op_file`` is built for the arch-specific target (sm_90a) on ``arch``."""
+    return arch == 90 and op_file in ARCH_SPECIFIC_SOURCES
+
+
+def compile_options(arch: int, op_file: str = "") -> tuple[str, ...]:
+    """NVRTC options for compute capability ``arch`` (e.g. 90) and source ``op_file``. Must be
+    a tuple (CuPy)."""
+    specific = arch_specific(arch, op_file)
+    opts = ["--std=c++17", f"--gpu-architecture=sm_{arch}{'a' if specific else ''}"]
     if arch >= 90:
         opts.append("-DCUNORM_SM90")  # thread-block clusters exist from sm_90 on
+    if specific:
+        opts.append("-DCUNORM_SM90A")  # warpgroup MMA (wgmma)
     return tuple(opts)
 
 
@@ -81,7 +96,7 @@ def get_kernel(device_id: int, arch: int, op_file: str, name: str, smem_optin: i
         with cupy.cuda.Device(device_id):
             module = cupy.RawModule(
                 code=kernel_source(op_file),
-                options=compile_options(arch),
+                options=compile_options(arch, op_file),
                 name_expressions=(name,),
             )
             kern = module.get_function(name)

@@ -55,7 +55,7 @@ def kernel_names(arch: int) -> list[str]:
     >>> len(names) == len(set(names))
     True
     >>> sorted({n.split("<")[0] for n in names})[:4]
-    ['cunorm::attn_combine', 'cunorm::attn_simt', 'cunorm::attn_tc', 'cunorm::norm_block']
+    ['cunorm::attn_combine', 'cunorm::attn_simt', 'cunorm::attn_tc', 'cunorm::attn_wg']
     """
     return _dispatch.all_kernel_names(arch)
 

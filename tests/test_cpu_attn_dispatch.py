@@ -10,6 +10,7 @@ from cunorm import _dispatch
 from cunorm._device import DeviceProps
 
 H100 = DeviceProps("fake H100", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
+A100 = DeviceProps("fake A100", (8, 0), 108, 2048, 166912, 167936, 40 << 20)
 SMALL = DeviceProps("fake small", (8, 0), 16, 2048, 49152, 65536, 4 << 20)
 
 
@@ -21,12 +22,38 @@ def occ2(kernel: str, block: int, smem: int) -> int:
                                        (128, 128), (129, 160), (256, 256)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_tensor_core_kernel_per_head_dim(dtype: str, d: int, dp: int) -> None:
-    p = a.plan_attention(dtype, d, d, 1000, 1000, 2, 8, 1, H100, occ2, splits=1)
+    """mma.sync kernel (attn_tc) on sm_80 for every head dim."""
+    p = a.plan_attention(dtype, d, d, 1000, 1000, 2, 8, 1, A100, occ2, splits=1)
     bn, mw = a.TC_TILES[dp]
     assert p.kernel == f"cunorm::attn_tc<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {mw}>"
     assert p.block == a.TC_THREADS and p.smem == (64 * mw + 4 * bn) * dp * 2
     assert p.row_tiles == -(-1000 // (64 * mw)) and p.grid == (p.row_tiles * 16, 1, 1)
-    assert p.kernel in a.all_kernel_names() and p.combine in a.all_kernel_names()
+    assert p.kernel in a.all_kernel_names(80) and p.combine in a.all_kernel_names(80)
+    assert "attn_wg" not in " ".join(a.all_kernel_names(80))
+
+
+@pytest.mark.parametrize(("d", "dv", "dp"), [(33, 33, 64), (64, 64, 64), (80, 80, 128),
+                                             (128, 128, 128), (64, 129, 192), (256, 256, 256)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_warpgroup_kernel_on_sm90(dtype: str, d: int, dv: int, dp: int) -> None:
+    p = a.plan_attention(dtype, d, dv, 1000, 1000, 2, 8, 1, H100, occ2, splits=1)
+    bn = a.WG_TILES[dp]
+    assert p.kernel == f"cunorm::attn_wg<{_dispatch.CTYPE[dtype]}, {dp}, {bn}>"
+    assert p.block == a.WG_THREADS == 256
+    assert p.smem == (128 + 4 * bn) * dp * 2 + 1024 <= H100.smem_per_block_optin
+    assert p.row_tiles == -(-1000 // 128) and p.grid == (p.row_tiles * 16, 1, 1)
+    assert p.kernel in a.all_kernel_names(90)
+
+
+@pytest.mark.parametrize(("d", "lq", "group", "kernel"), [
+    (32, 1000, 1, "attn_tc"),   # small head dim: padding to 64 would double the work
+    (128, 1, 8, "attn_tc"),     # decoding: 8 rows per KV head
+    (128, 16, 4, "attn_wg"),    # 64 rows per KV head
+    (128, 63, 1, "attn_tc"),
+])
+def test_warpgroup_or_mma_sync_on_sm90(d: int, lq: int, group: int, kernel: str) -> None:
+    p = a.plan_attention("bfloat16", d, d, lq, 4096, 1, 8, group, H100, occ2, splits=1)
+    assert p.kernel.startswith(f"cunorm::{kernel}<")
 
 
 @pytest.mark.parametrize(("dtype", "dv", "per_lane"), [("float32", 64, 2), ("float64", 256, 8),
@@ -83,7 +110,9 @@ def test_shared_memory_limit() -> None:
 
 
 def test_kernel_files_and_names() -> None:
-    names = a.all_kernel_names()
-    assert len(names) == len(set(names)) == 2 * len(a.TC_TILES) + 2 * 8 + 4
-    assert all(_dispatch.kernel_file(n) == "attention.cu" for n in names)
-    assert set(names) <= set(_dispatch.all_kernel_names(90))
+    for arch in (80, 90):
+        names = a.all_kernel_names(arch)
+        wg = 2 * len(a.WG_TILES) if arch == 90 else 0
+        assert len(names) == len(set(names)) == 2 * len(a.TC_TILES) + wg + 2 * 8 + 4
+        assert all(_dispatch.kernel_file(n) == "attention.cu" for n in names)
+        assert set(names) <= set(_dispatch.all_kernel_names(arch))

@@ -883,7 +883,7 @@ def test_all_kernel_names_by_arch() -> None:
     assert {template_args(n)[0] for n in n90 - n80} == {
         "cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
         "cunorm::softmax_strided_cluster", "cunorm::norm_smem_cluster",
-        "cunorm::norm_uncached_cluster"}
+        "cunorm::norm_uncached_cluster", "cunorm::attn_wg"}
     for name in n90:
         base, args = template_args(name)
         if base.startswith("cunorm::attn_"):

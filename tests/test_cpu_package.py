@@ -131,3 +131,13 @@ def test_compile_options(arch: int) -> None:
     assert f"--gpu-architecture=sm_{arch}" in opts
     assert any("c++17" in o for o in opts)
     assert ("-DCUNORM_SM90" in opts) == (arch >= 90)
+    assert "-DCUNORM_SM90A" not in opts
+
+
+@pytest.mark.parametrize("arch", [80, 89, 90, 100])
+def test_compile_options_arch_specific(arch: int) -> None:
+    """attention.cu (wgmma) builds for sm_90a on 9.0 only; other sources never do."""
+    opts = _kernels.compile_options(arch, "attention.cu")
+    target = f"--gpu-architecture=sm_{arch}{'a' if arch == 90 else ''}"
+    assert target in opts and ("-DCUNORM_SM90A" in opts) == (arch == 90)
+    assert "--gpu-architecture=sm_90" in _kernels.compile_options(90, "softmax.cu")

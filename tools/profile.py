@@ -4,7 +4,9 @@
 ``ncu ... python tools/profile.py kernels`` runs one launch of each representative shape;
 ``python tools/profile.py norms`` times layer_norm / rms_norm on every path that can take a
 shape (GB/s, L2 flushed) and ``ncu ... python tools/profile.py norm-kernels`` runs one launch
-of the short-row norm and softmax kernels for comparison.
+of the short-row norm and softmax kernels for comparison; ``python tools/profile.py attention``
+compares attention with torch's FlashAttention-2 backend and ``ncu ... python tools/profile.py
+attention-kernels`` runs one bf16 forward per head dim.
 """
 
 from __future__ import annotations
@@ -191,7 +193,17 @@ def attention() -> None:
                       f"FA2 {flops / ms_fa / 1e9:6.1f}, max|diff| {err:.2e}")
 
 
+def attention_kernels() -> None:
+    """One forward per head dim (bf16, 16k tokens, L = 4096, non-causal) for ncu."""
+    for d in (64, 128):
+        q, k, v = (cupy.random.standard_normal((4, 2048 // d, 4096, d), dtype=np.float32)
+                   .astype(cupy.dtype("bfloat16")) for _ in range(3))
+        cunorm.attention(q, k, v)
+    cupy.cuda.Device().synchronize()
+
+
 if __name__ == "__main__":
     {"overhead": overhead, "kernels": kernels, "strided": strided,
      "strided-launch": lambda: strided(True), "norms": norms,
-     "norm-kernels": norm_kernels, "attention": attention}[sys.argv[1]]()
+     "norm-kernels": norm_kernels, "attention": attention,
+     "attention-kernels": attention_kernels}[sys.argv[1]]()
