@@ -990,17 +990,29 @@ __global__ void __launch_bounds__(128) attn_combine(const typename AttnWork<T>::
   for (int s = 0; s < splits; ++s) {
     if (stat(s)[1] > P(0)) mx = Math<P>::max(mx, stat(s)[0]);
   }
-  P total = P(0);
+  // Both sums carry their rounding errors (TwoSum, FMA for the products): one rounding each
+  // however many splits, as the float64 path's accuracy needs.
+  P total = P(0), total_err = P(0);
   for (int s = 0; s < splits; ++s) {
-    if (stat(s)[1] > P(0)) total += Math<P>::exp(stat(s)[0] - mx) * stat(s)[1];
+    if (stat(s)[1] > P(0)) {
+      const P e = Math<P>::exp(stat(s)[0] - mx), x = e * stat(s)[1];
+      total_err += fma(e, stat(s)[1], -x);
+      total = two_sum_into(total, x, total_err);
+    }
   }
+  total += total_err;
   T* dst = o + b * o_sb + head * o_sh + pos * o_sl;
   for (int c = threadIdx.x; c < dv; c += blockDim.x) {
-    P y = P(0);
+    P y = P(0), y_err = P(0);
     for (int s = 0; s < splits; ++s) {
-      if (stat(s)[1] > P(0)) y += Math<P>::exp(stat(s)[0] - mx) * o_part[(s * part_rows + prow) * dv + c];
+      if (stat(s)[1] > P(0)) {
+        const P e = Math<P>::exp(stat(s)[0] - mx), a = o_part[(s * part_rows + prow) * dv + c];
+        const P x = e * a;
+        y_err += fma(e, a, -x);
+        y = two_sum_into(y, x, y_err);
+      }
     }
-    dst[c] = from_compute<T>(total > P(0) ? y / total : P(0));
+    dst[c] = from_compute<T>(total > P(0) ? (y + y_err) / total : P(0));
   }
   if (lse != nullptr && threadIdx.x == 0)
     lse[b * lse_sb + head * lse_sh + pos * lse_sl] =

@@ -193,6 +193,27 @@ def attention() -> None:
                       f"FA2 {flops / ms_fa / 1e9:6.1f}, max|diff| {err:.2e}")
 
 
+def attention_overhead(n: int = 2000) -> None:
+    """Host time per decoding call (bf16, Lq = 1, 32 / 8 heads, D = 128, Lk = 4096), against
+    the GPU time of one call. (cProfile cannot run here: this file shadows ``profile``.)"""
+    from triton.testing import do_bench
+
+    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    k, v = (cupy.random.standard_normal((1, 8, 4096, 128), dtype=np.float32).astype("bfloat16")
+            for _ in range(2))
+    for _ in range(50):
+        cunorm.attention(q, k, v)
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        cunorm.attention(q, k, v)
+    t1 = time.perf_counter()
+    cupy.cuda.Device().synchronize()
+    ms = do_bench(lambda: cunorm.attention(q, k, v), warmup=10, rep=50, return_mode="median")
+    print(f"decoding cunorm.attention: host {(t1 - t0) / n * 1e6:.1f} us/call, "
+          f"do_bench {ms * 1e3:.1f} us")
+
+
 def attention_kernels() -> None:
     """One forward per head dim (bf16, 16k tokens, L = 4096, non-causal) for ncu."""
     for d in (64, 128):
@@ -206,4 +227,5 @@ if __name__ == "__main__":
     {"overhead": overhead, "kernels": kernels, "strided": strided,
      "strided-launch": lambda: strided(True), "norms": norms,
      "norm-kernels": norm_kernels, "attention": attention,
-     "attention-kernels": attention_kernels}[sys.argv[1]]()
+     "attention-kernels": attention_kernels,
+     "attention-overhead": attention_overhead}[sys.argv[1]]()
