@@ -751,8 +751,9 @@ __global__ void __launch_bounds__(256, 1) attn_wg(CUNORM_ATTN_PARAMS) {
     wg_pin<BN / 2>(s);
     const i64 n0 = (tile + 1) * BN;
     scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
-    // Pin the softmax results before the wait: otherwise the compiler may sink the softmax
-    // below it, and it no longer runs under P V.
+    // Pin the softmax results before the wait so the compiler front end keeps the source
+    // order. (ptxas still schedules its wgmma wait ahead of the exponentials: the softmax
+    // does not yet run under P V; see the session notes of issue 4.)
     wg_pin<BN / 2>(s);
     wg_pin<2>(alpha);
     wg_pin<2>(l);

@@ -26,6 +26,7 @@ from .report import (
     import_pyplot,
     log2_axis,
     md_table,
+    save_figure,
     text_table,
     to_json,
     versions_line,
@@ -488,10 +489,7 @@ def write_plot(path: Path, meta: dict[str, Any], run: AttnRun) -> bool:
         axes[i][0].set_ylabel("TFLOP/s")
     axes[0][0].set_ylim(bottom=0)
     figure_legend(fig, [ax for row in axes for ax in row])
-    fig.suptitle(f"cunorm attention forward, {meta['device']}, {meta['date']}")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, f"cunorm attention forward, {meta['device']}, {meta['date']}", 0.06)
     return True
 
 

@@ -469,6 +469,17 @@ def log2_axis(ax: Any, xs: list[int]) -> None:
     ax.set_xticklabels([str(t) for t in ticks], rotation=45, ha="right", fontsize=8)
 
 
+def save_figure(fig: Any, path: Path, title: str, legend_band: float) -> None:
+    """Title, lay out above a bottom band of height ``legend_band`` (figure fraction) kept for
+    the legend, write ``path`` at 120 dpi and free the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, legend_band, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def figure_legend(fig: Any, axes: list[Any], ncol: int = 7) -> None:
     """One legend for the whole figure, below the plots so it never hides a curve; each label
     once, whichever subplots it appears in."""
@@ -542,10 +553,7 @@ def write_plot(path: Path, meta: dict[str, Any], run: OpRun) -> bool:
     axes[0][0].set_ylim(0, 1.08 * ymax)
     axes[0][0].set_ylabel("GB/s (read + write)")
     figure_legend(fig, list(axes[0]))
-    fig.suptitle(f"cunorm {run.op}, {meta['device']}, {meta['date']}")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, f"cunorm {run.op}, {meta['device']}, {meta['date']}", 0.08)
     return True
 
 
