@@ -16,11 +16,11 @@ for step in $steps; do
     smoke)
       nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
       python -c "import cupy, cunorm; x=cupy.random.rand(4,1000,dtype='float32'); print(float(cunorm.softmax(x).sum()))" || status=1
-      python tools/profile.py overhead || status=1 ;;
+      python tools/gpu_profile.py overhead || status=1 ;;
     profile)
-      python tools/profile.py kernels  # compile first, outside the profiler
+      python tools/gpu_profile.py kernels  # compile first, outside the profiler
       ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-          --section WarpStateStats -k regex:softmax python tools/profile.py kernels > "$OUT/ncu.txt" 2>&1
+          --section WarpStateStats -k regex:softmax python tools/gpu_profile.py kernels > "$OUT/ncu.txt" 2>&1
       grep -E "softmax_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Grid Size|Compute \(SM\) Throughput|Issue Slots Busy" "$OUT/ncu.txt" | cut -c1-150
       python tools/sass_summary.py 90 "cunorm::softmax_warp<cunorm::half_t, cunorm::half_t, false, 8, 32, 32, 1>" \
         "cunorm::softmax_smem<cunorm::half_t, cunorm::half_t, false, 8, 2>" \

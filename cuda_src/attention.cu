@@ -360,18 +360,27 @@ __device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, in
 // MW m16 row tiles per warp (BM = 64 * MW rows per block): each K and V fragment read from
 // shared memory feeds MW mma instructions, so MW = 2 halves the shared-memory traffic per
 // FLOP where the registers allow it (head dims up to 128).
-template <typename T, int DP, int BN, int MW>
+// KS = 4 (decoding: at most 16 query rows per KV head): the four warps share one m16 row tile
+// and split each key tile instead, warp w taking keys [w BN / 4, (w + 1) BN / 4), and merge
+// their (max, sum, output) at the end. Each warp then does a quarter of the MMA and softmax
+// work per tile (with KS = 1 three warps would compute on padding rows), so a block spends
+// its time waiting on K/V loads, and the 16-row Q tile leaves room for more blocks per SM.
+template <typename T, int DP, int BN, int MW, int KS>
 __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
-  constexpr int BM = 64 * MW;
-  constexpr int WM = 16 * MW;  // rows per warp
-  constexpr int NB = BN / 8;   // n8 blocks of scores
-  constexpr int ND = DP / 8;   // n8 blocks of output
+  static_assert(KS == 1 || (KS == 4 && MW == 1), "key split: 4 warps on one m16 row tile");
+  constexpr int BM = 64 * MW / KS;
+  constexpr int WM = 16 * MW;       // rows per warp
+  constexpr int WN = BN / KS;       // keys per warp and tile
+  constexpr int NB = WN / 8;        // n8 blocks of scores
+  constexpr int ND = DP / 8;        // n8 blocks of output
+  static_assert(WN % 16 == 0, "a warp's keys are whole k16 steps of P V");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const qs = reinterpret_cast<T*>(smem_raw);
   T* const ks = qs + BM * DP;      // 2 stages
   T* const vs = ks + 2 * BN * DP;  // 2 stages
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
+  const int warp = KS == 1 ? threadIdx.x >> 5 : 0;  // the warp's m16 row tile(s)
+  const int kw = KS == 1 ? 0 : threadIdx.x >> 5;    // its share of each key tile
 
   const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM);
   i64 tb, te;
@@ -444,7 +453,7 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
 #pragma unroll
       for (int j2 = 0; j2 < NB / 2; ++j2) {
         unsigned bfr[4];
-        ldsm_x4(bfr, ks_addr + 2 * Swizzle<DP>::offset(j2 * 16 + (lane & 7) + ((lane >> 4) << 3),
+        ldsm_x4(bfr, ks_addr + 2 * Swizzle<DP>::offset(kw * WN + j2 * 16 + (lane & 7) + ((lane >> 4) << 3),
                                                        kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
         for (int mi = 0; mi < MW; ++mi) {
@@ -454,19 +463,20 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
       }
     }
 
-    const bool edge = scores.edge(t, tile * BN, BN);
+    const i64 n0 = tile * BN + kw * WN;  // the warp's first key
+    const bool edge = scores.edge(t, n0, WN);
 #pragma unroll
     for (int mi = 0; mi < MW; ++mi) {
       const i64 r0 = t.r0 + warp * WM + mi * 16 + lane / 4;
       float alpha[2];
       scores.template softmax_step<NB>(&s[mi][0][0], m[mi], l[mi], alpha, t, r0, row_ok[mi],
-                                       pos[mi], tile * BN, edge);
+                                       pos[mi], n0, edge);
       attn_rescale<ND>(&acc[mi][0][0], alpha);
     }
 
     // O += P V: the score accumulators of two n8 blocks are the A fragment of one k16 step.
 #pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
+    for (int kt = 0; kt < WN / 16; ++kt) {
       unsigned a[MW][4];
 #pragma unroll
       for (int mi = 0; mi < MW; ++mi) {
@@ -478,7 +488,7 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
 #pragma unroll
       for (int j2 = 0; j2 < ND / 2; ++j2) {
         unsigned bfr[4];
-        ldsm_x4_trans(bfr, vs_addr + 2 * Swizzle<DP>::offset(kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+        ldsm_x4_trans(bfr, vs_addr + 2 * Swizzle<DP>::offset(kw * WN + kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
                                                              j2 * 2 + (lane >> 4)));
 #pragma unroll
         for (int mi = 0; mi < MW; ++mi) {
@@ -490,6 +500,53 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
     __syncthreads();  // the next iteration refills this stage
   }
   copy_async_wait<0>();
+
+  if constexpr (KS > 1) {
+    // Merge the warps' states into warp 0 through the (now idle) K tiles: each lane holds the
+    // same rows and columns in every warp, so states merge lane by lane, each rescaled to the
+    // largest max: acc = sum_w acc_w 2^(m_w - M), likewise the lane's share of the row sum.
+    __syncthreads();
+    float* const xch = reinterpret_cast<float*>(ks);  // [warp - 1][4 ND + 4][32]
+    constexpr int kVals = 4 * ND + 4;
+    if (kw > 0) {
+      float* const mine = xch + (kw - 1) * kVals * 32 + lane;
+#pragma unroll
+      for (int e = 0; e < 4 * ND; ++e) mine[e * 32] = (&acc[0][0][0])[e];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mine[(4 * ND + h) * 32] = m[0][h];
+        mine[(4 * ND + 2 + h) * 32] = l[0][h];
+      }
+    }
+    __syncthreads();
+    if (kw > 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[0][h];
+#pragma unroll
+      for (int w = 1; w < KS; ++w) mx = fmaxf(mx, xch[((w - 1) * kVals + 4 * ND + h) * 32 + lane]);
+      const float m_use = mx == -Math<float>::inf() ? 0.0f : mx;
+      const float self = attn_exp2(m[0][h] - m_use);
+      l[0][h] *= self;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        acc[0][j][2 * h] *= self;
+        acc[0][j][2 * h + 1] *= self;
+      }
+#pragma unroll
+      for (int w = 1; w < KS; ++w) {
+        const float* const other = xch + (w - 1) * kVals * 32 + lane;
+        const float f = attn_exp2(other[(4 * ND + h) * 32] - m_use);
+        l[0][h] += f * other[(4 * ND + 2 + h) * 32];
+#pragma unroll
+        for (int j = 0; j < ND; ++j) {
+          acc[0][j][2 * h] += f * other[(4 * j + 2 * h) * 32];
+          acc[0][j][2 * h + 1] += f * other[(4 * j + 2 * h + 1) * 32];
+        }
+      }
+      m[0][h] = mx;
+    }
+  }
 
   const AttnOut<T> out = CUNORM_ATTN_OUT;
 #pragma unroll
@@ -838,16 +895,35 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
   // Scaled, masked score of this lane's key n0 + lane (-inf where masked).
   auto score = [&](i64 n0) {
     const i64 key = n0 + lane;
-    // Four interleaved partial dot products: shorter rounding chains and independent FMAs.
-    C s4[4] = {C(0), C(0), C(0), C(0)};
-    int c4 = 0;
-    for (; c4 + 4 <= d; c4 += 4) {
+    const C* const krow = ks + lane * ksd;
+    C s;
+    if (kCompensated) {
+      // float64: the dot product as if in twice the precision (Ogita-Rump-Oishi Dot2: each
+      // product's error by FMA, each sum's by TwoSum), and the scale applied to both halves,
+      // so the score is rounded once. A plain sum of D products errs by up to ~sqrt(D) units,
+      // which exp() turns into the same relative error of every weight: at D = 128-256 that
+      // alone exceeded a blocked float64 matmul's error (the bound the tests hold us to).
+      C hi = C(0), lo = C(0);
+      for (int c = 0; c < d; ++c) {
+        const C x = qrow[c] * krow[c];
+        lo += fma(qrow[c], krow[c], -x);
+        hi = two_sum_into(hi, x, lo);
+      }
+      const C sc = static_cast<C>(scale), hs = hi * sc;
+      s = hs + (fma(hi, sc, -hs) + lo * sc);
+    } else {
+      // Four interleaved partial dot products: shorter rounding chains and independent FMAs
+      // (double sums of float32 products: far below float32's own rounding).
+      C s4[4] = {C(0), C(0), C(0), C(0)};
+      int c4 = 0;
+      for (; c4 + 4 <= d; c4 += 4) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s4[e] = fma(qrow[c4 + e], ks[lane * ksd + c4 + e], s4[e]);
+        for (int e = 0; e < 4; ++e) s4[e] = fma(qrow[c4 + e], krow[c4 + e], s4[e]);
+      }
+      for (; c4 < d; ++c4) s4[0] = fma(qrow[c4], krow[c4], s4[0]);
+      s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+      s *= static_cast<C>(scale);  // scaled once, after the dot product, as q @ k.T * scale
     }
-    for (; c4 < d; ++c4) s4[0] = fma(qrow[c4], ks[lane * ksd + c4], s4[0]);
-    C s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-    s *= static_cast<C>(scale);  // scaled once, after the dot product, as q @ k.T * scale
     bool keep = key < lk && (!causal || key <= pos + lk - lq);
     if (keep && mask_kind != kMaskNone && row_ok) {
       const i64 off = t.b * m_sb + head * m_sh + pos * m_sq + key * m_sk;
@@ -974,50 +1050,134 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
 // max and e_s = exp(m_s - M): y = sum_s e_s acc_s / L, L = sum_s e_s l_s, lse = M + log(L), in
 // the workspace's type (float; double for the SIMT dtypes). Splits with l_s = 0 (no key, or
 // every key masked) are skipped; a row with none left gives 0 and -inf.
+constexpr int kMaxSplits = 128;  // _attn_dispatch.MAX_SPLITS
+constexpr int MAX_HEAD_DIM_ATTN = 256;  // _attn_dispatch.MAX_HEAD_DIM
+
+// A sum and the rounding error of its additions (TwoSum), as block_all_reduce's value.
+template <typename P> struct CompensatedSumOp {
+  static __device__ __forceinline__ Sum2<P> apply(Sum2<P> x, Sum2<P> y) {
+    P err = x.b + y.b;
+    const P s = two_sum_into(x.a, y.a, err);
+    return {s, err};
+  }
+  static __device__ __forceinline__ Sum2<P> identity() { return {P(0), P(0)}; }
+};
+
+// attn_combine's scalar arguments, passed by value as one parameter: a CuPy launch costs
+// ~0.5 us of host time per argument (tools/gpu_profile.py launch-cost on an H200: 38
+// arguments 14-24 us, 8 pointers and one struct 6-9 us), and decoding merges every step.
+// _attn_launch.COMBINE_ARGS is the same layout as a NumPy structured dtype (a CPU test
+// compares the two). (The forward kernels keep plain parameters: the same struct there made
+// attn_wg 2.6x slower on an H200, for reasons not yet understood.)
+struct CombineArgs {
+  i64 part_rows, lq, o_sb, o_sh, o_sl, lse_sb, lse_sh, lse_sl;
+  int splits, hkv, group, dv;
+};
+
 template <typename T>
 __global__ void __launch_bounds__(128) attn_combine(const typename AttnWork<T>::type* o_part,
                                                     const typename AttnWork<T>::type* stat_part,
-                                                    int splits, i64 part_rows, T* o, float* lse,
-                                                    int hkv, int group, i64 lq, int dv, i64 o_sb,
-                                                    i64 o_sh, i64 o_sl, i64 lse_sb, i64 lse_sh,
-                                                    i64 lse_sl) {
+                                                    T* o, float* lse, const CombineArgs args) {
+  const i64 part_rows = args.part_rows, lq = args.lq;
+  const int splits = args.splits, hkv = args.hkv, group = args.group, dv = args.dv;
   typedef typename AttnWork<T>::type P;
+  __shared__ P weight[kMaxSplits];  // e_s, 0 for a skipped split
+  __shared__ P max_scratch[33];
+  __shared__ Sum2<P> sum_scratch[33];
   const i64 prow = blockIdx.x;  // (b * hkv + kvh) * (group * lq) + r
+  // prow < 2^31 (a grid dimension), so 32-bit divisions suffice (64-bit ones are ~70
+  // instructions each, and this kernel's time is its instruction latency): a row count or
+  // Lq beyond 2^31 divides prow as 2^31 would.
+  const unsigned p32 = blockIdx.x;
   const i64 rows = static_cast<i64>(group) * lq;
-  const i64 bh = prow / rows, r = prow % rows;
-  const i64 b = bh / hkv, head = (bh % hkv) * group + r / lq, pos = r % lq;
+  const unsigned rows32 = static_cast<unsigned>(min(rows, i64(1) << 31));
+  const unsigned lq32 = static_cast<unsigned>(min(lq, i64(1) << 31));
+  const unsigned bh = p32 / rows32, r = p32 % rows32;
+  const i64 b = bh / static_cast<unsigned>(hkv);
+  const i64 head = static_cast<i64>(bh % static_cast<unsigned>(hkv)) * group + r / lq32;
+  const i64 pos = r % lq32;
   auto stat = [&](int s) { return stat_part + 2 * (s * part_rows + prow); };  // (m_s, l_s)
+  // Every split's statistics at once (one thread each), not one dependent load per split.
   P mx = -Math<P>::inf();
-  for (int s = 0; s < splits; ++s) {
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
     if (stat(s)[1] > P(0)) mx = Math<P>::max(mx, stat(s)[0]);
   }
-  // Both sums carry their rounding errors (TwoSum, FMA for the products): one rounding each
-  // however many splits, as the float64 path's accuracy needs.
-  P total = P(0), total_err = P(0);
-  for (int s = 0; s < splits; ++s) {
-    if (stat(s)[1] > P(0)) {
-      const P e = Math<P>::exp(stat(s)[0] - mx), x = e * stat(s)[1];
-      total_err += fma(e, stat(s)[1], -x);
-      total = two_sum_into(total, x, total_err);
+  mx = block_all_reduce<MaxOp<P>>(mx, max_scratch);
+  // float64 sums carry each product's error (FMA) and each addition's (TwoSum): one rounding
+  // however many splits, as the float64 path's accuracy needs. The other dtypes sum in a
+  // wider type than their own (float for 16-bit, double for float32) and skip it: the merge
+  // is latency-bound (one block per row), and compensation tripled its instructions.
+  constexpr bool kCompensated = IsSame<T, double>::value;
+  Sum2<P> total = {P(0), P(0)};
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    const P l = stat(s)[1];
+    const P e = l > P(0) ? Math<P>::exp(stat(s)[0] - mx) : P(0);
+    weight[s] = e;
+    const P x = e * l;
+    if (kCompensated) {
+      total.b += fma(e, l, -x);
+      total.a = two_sum_into(total.a, x, total.b);
+    } else {
+      total.a += x;
     }
   }
-  total += total_err;
-  T* dst = o + b * o_sb + head * o_sh + pos * o_sl;
-  for (int c = threadIdx.x; c < dv; c += blockDim.x) {
-    P y = P(0), y_err = P(0);
-    for (int s = 0; s < splits; ++s) {
-      if (stat(s)[1] > P(0)) {
-        const P e = Math<P>::exp(stat(s)[0] - mx), a = o_part[(s * part_rows + prow) * dv + c];
-        const P x = e * a;
-        y_err += fma(e, a, -x);
-        y = two_sum_into(y, x, y_err);
+  total = block_all_reduce<CompensatedSumOp<P>>(total, sum_scratch);  // its barriers publish weight
+  const P denom = total.a + total.b;
+  // y = sum_s e_s acc_s: lane c owns columns c + 32 j, warp w the splits s = w (mod 4), so a
+  // thread has up to 8 independent sums and each warp reads whole 128-byte rows; then the four
+  // warps' partial sums add up through shared memory.
+  constexpr int kWarps = 4, kCols = MAX_HEAD_DIM_ATTN / 32;  // 128 threads (COMBINE_THREADS)
+  __shared__ Sum2<P> part[kWarps - 1][MAX_HEAD_DIM_ATTN];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const P* src = o_part + prow * dv;
+  const i64 split_stride = part_rows * dv;
+  P y[kCols], y_err[kCols];
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) y[j] = y_err[j] = P(0);
+#pragma unroll 4
+  for (int s = warp; s < splits; s += kWarps) {
+    const P e = weight[s];
+    if (e == P(0)) continue;  // warp-uniform
+    const P* row = src + s * split_stride;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = lane + 32 * j;
+      if (c < dv) {
+        const P a = row[c];
+        if (kCompensated) {
+          const P x = e * a;
+          y_err[j] += fma(e, a, -x);
+          y[j] = two_sum_into(y[j], x, y_err[j]);
+        } else {
+          y[j] = fma(e, a, y[j]);
+        }
       }
     }
-    dst[c] = from_compute<T>(total > P(0) ? (y + y_err) / total : P(0));
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = lane + 32 * j;
+      if (c < dv) part[warp - 1][c] = {y[j], y_err[j]};
+    }
+  }
+  __syncthreads();
+  T* dst = o + b * args.o_sb + head * args.o_sh + pos * args.o_sl;
+  if (warp == 0) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = lane + 32 * j;
+      if (c < dv) {
+        Sum2<P> acc = {y[j], y_err[j]};
+#pragma unroll
+        for (int w = 0; w < kWarps - 1; ++w) acc = CompensatedSumOp<P>::apply(acc, part[w][c]);
+        dst[c] = from_compute<T>(denom > P(0) ? (acc.a + acc.b) / denom : P(0));
+      }
+    }
   }
   if (lse != nullptr && threadIdx.x == 0)
-    lse[b * lse_sb + head * lse_sh + pos * lse_sl] =
-        static_cast<float>(total > P(0) ? mx + Math<P>::log(total) : -Math<P>::inf());
+    lse[b * args.lse_sb + head * args.lse_sh + pos * args.lse_sl] =
+        static_cast<float>(denom > P(0) ? mx + Math<P>::log(denom) : -Math<P>::inf());
 }
 
 }  // namespace cunorm

@@ -64,6 +64,11 @@ def _unit_last(a) -> bool:
     return es is not None and (a.shape[-1] <= 1 or es[-1] == 1)
 
 
+def in_place(*operands) -> bool:
+    """Whether :func:`run` passes every one of ``operands`` to the launcher without a copy."""
+    return all(_unit_last(a) for a in operands)
+
+
 def _operand(a, xp):
     """``a`` itself, or a contiguous copy if the launcher cannot read it in place."""
     return a if _unit_last(a) else xp.ascontiguousarray(a)

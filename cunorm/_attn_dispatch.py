@@ -42,6 +42,14 @@ WG_MIN_ROWS = 64
 #: tc_row_tiles_per_warp), threads, head dims compiled
 TC_BLOCK_M = 64
 TC_THREADS = 128
+#: key split (attn_tc's KS): with at most this many query rows per KV head (decoding), the 4
+#: warps share one 16-row tile and split each key tile 4 ways (16 keys each, so only where
+#: BN = 64). Measured on an H200 (bf16 decoding, 32 / 8 heads, D = 128): at Lk = 16384 the
+#: kernel with 4 warps on 64-row tiles ran at 29% of DRAM bandwidth (ncu; 12.5% occupancy,
+#: 7.1 cycles per issued instruction): three warps computed on padding rows while the
+#: block's one K/V tile in flight waited.
+TC_KEY_SPLIT = 4
+TC_KEY_SPLIT_MAX_ROWS = 16
 #: SIMT path: query rows per block (one warp each), keys per tile
 SIMT_ROWS = 8
 SIMT_THREADS = 256
@@ -140,18 +148,25 @@ def tc_row_tiles_per_warp(dp: int) -> int:
     return TC_TILES[dp][1]
 
 
-def tc_block_m(dp: int) -> int:
-    """Query rows per block of the tensor-core kernel: 4 warps x 16 x MW."""
-    return TC_BLOCK_M * tc_row_tiles_per_warp(dp)
+def tc_key_split(dp: int, rows: int) -> int:
+    """attn_tc's KS: TC_KEY_SPLIT for at most TC_KEY_SPLIT_MAX_ROWS query rows per KV head
+    where the key tile splits into whole k16 steps (BN = 64), else 1."""
+    return TC_KEY_SPLIT if rows <= TC_KEY_SPLIT_MAX_ROWS and tc_block_n(dp) == 64 else 1
 
 
-def tc_kernel(ctype: str, dp: int) -> str:
-    return f"cunorm::attn_tc<{ctype}, {dp}, {tc_block_n(dp)}, {tc_row_tiles_per_warp(dp)}>"
+def tc_block_m(dp: int, ks: int = 1) -> int:
+    """Query rows per block of the tensor-core kernel: 4 warps x 16 x MW, over KS."""
+    return TC_BLOCK_M * tc_row_tiles_per_warp(dp) // ks
 
 
-def tc_smem(dp: int) -> int:
+def tc_kernel(ctype: str, dp: int, ks: int = 1) -> str:
+    return (f"cunorm::attn_tc<{ctype}, {dp}, {tc_block_n(dp)}, {tc_row_tiles_per_warp(dp)}, "
+            f"{ks}>")
+
+
+def tc_smem(dp: int, ks: int = 1) -> int:
     """Shared memory of ``attn_tc``: the Q tile and two stages of K and V tiles (16-bit)."""
-    return (tc_block_m(dp) + 4 * tc_block_n(dp)) * dp * 2
+    return (tc_block_m(dp, ks) + 4 * tc_block_n(dp)) * dp * 2
 
 
 def simt_smem(d: int, dv: int, itemsize: int) -> int:
@@ -244,8 +259,9 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
         bn = tc_block_n(dp)
-        kernel = tc_kernel(ctype, dp)
-        smem, threads, bm = tc_smem(dp), TC_THREADS, tc_block_m(dp)
+        ks = tc_key_split(dp, rows)
+        kernel = tc_kernel(ctype, dp, ks)
+        smem, threads, bm = tc_smem(dp, ks), TC_THREADS, tc_block_m(dp, ks)
     else:
         bn = SIMT_BLOCK_N
         kernel = f"cunorm::attn_simt<{ctype}, {_cdiv(dv, 32)}>"
@@ -273,6 +289,8 @@ def all_kernel_names(arch: int) -> list[str]:
     for dtype in TC_DTYPES:
         ctype = CTYPE[dtype]
         names += [tc_kernel(ctype, dp) for dp in TC_TILES]
+        names += [tc_kernel(ctype, dp, TC_KEY_SPLIT) for dp in TC_TILES
+                  if tc_key_split(dp, 1) > 1]
         if arch == 90:
             names += [wg_kernel(ctype, dp) for dp in WG_TILES]
     for dtype in SIMT_DTYPES:

@@ -16,6 +16,27 @@ _PLANS: dict[tuple, tuple] = {}
 _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
 
 
+def _struct(i64_fields: str, f64_fields: str, i32_fields: str) -> np.dtype:
+    """A C struct of int64, then double, then int fields (no padding) as a NumPy dtype."""
+    names = [*i64_fields.split(), *f64_fields.split(), *i32_fields.split()]
+    formats = ([np.int64] * len(i64_fields.split()) + [np.float64] * len(f64_fields.split())
+               + [np.int32] * len(i32_fields.split()))
+    return np.dtype({"names": names, "formats": formats})
+
+
+#: ``struct CombineArgs`` of attention.cu (attn_combine's scalar arguments)
+COMBINE_ARGS = _struct("part_rows lq o_sb o_sh o_sl lse_sb lse_sh lse_sl", "",
+                       "splits hkv group dv")
+
+
+def _record(dtype: np.dtype, **values) -> np.void:
+    """One value of a structured dtype (a kernel argument passed by value)."""
+    rec = np.zeros((), dtype)
+    for name, value in values.items():
+        rec[name] = value
+    return rec[()]
+
+
 def _strides(a, name: str) -> tuple[int, ...]:
     """Element strides of a CuPy array (byte strides must be whole elements)."""
     out = []
@@ -26,12 +47,91 @@ def _strides(a, name: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _aligned16(a, strides: tuple[int, ...], itemsize: int) -> bool:
-    """16-byte aligned start and row strides (head-dim axis excluded) of a 4-D operand."""
-    return a.data.ptr % 16 == 0 and all((s * itemsize) % 16 == 0 for s in strides[:3])
+class Launch:
+    """A planned attention launch with every scalar argument bound: what one geometry
+    (shapes, element strides, dtype, causal, scale, mask and lse presence) needs, so that a
+    repeated call only supplies pointers (:meth:`fire`). Built by :func:`prepare`."""
+
+    __slots__ = ("plan", "kernel", "combine", "args", "combine_args", "work", "part_rows",
+                 "dv", "strides_aligned")
+
+    def __init__(self, plan, kernel, combine, args: dict, combine_args: np.void, work,
+                 part_rows: int, dv: int, strides_aligned: bool) -> None:
+        self.plan, self.kernel, self.combine = plan, kernel, combine
+        self.args = args  # vec flag (0 / 1) -> the scalar arguments after the 8 pointers
+        self.combine_args = combine_args
+        self.work, self.part_rows, self.dv = work, part_rows, dv
+        self.strides_aligned = strides_aligned
+
+    def fire(self, q, k, v, out, mask=None, lse=None) -> None:
+        """Launch on CuPy arrays whose data pointers start the operands this launch was
+        prepared for (the same shapes and strides)."""
+        import cupy
+
+        ptrs = q.data.ptr | k.data.ptr | v.data.ptr | out.data.ptr
+        vec = int(self.strides_aligned and ptrs % 16 == 0)
+        null = _NULL
+        lse_arg = null if lse is None else lse
+        plan = self.plan
+        if plan.splits > 1:
+            # one workspace: the unnormalized partial rows, then their (row max, row sum)
+            rows = plan.splits * self.part_rows
+            work = cupy.empty(rows * (self.dv + 2), self.work)  # freed stream-ordered
+            o_part = np.uint64(work.data.ptr)
+            stat_part = np.uint64(work.data.ptr + rows * self.dv * work.itemsize)
+        else:
+            o_part = stat_part = null
+        self.kernel(plan.grid, (plan.block,),
+                    (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask)
+                    + self.args[vec], shared_mem=plan.smem)
+        if plan.splits > 1:
+            self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
+                         (o_part, stat_part, out, lse_arg, self.combine_args))
 
 
-def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) -> None:
+_NULL = np.uint64(0)
+
+
+def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) -> Launch:
+    """Plan :func:`launch_attention` on these operands and bind its scalar arguments."""
+    bsz, hq, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    group = hq // hkv
+    dtype = q.dtype.name
+    qs, ks, vs, os_ = (_strides(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
+    isz = q.itemsize
+    strides_aligned = d % 8 == 0 and dv % 8 == 0 and all(
+        (s * isz) % 16 == 0 for st in (qs, ks, vs, os_) for s in st[:3])
+    dev = q.data.device_id
+    forced = _attn_dispatch.forced_split()
+    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, forced)
+    entry = _PLANS.get(key)
+    if entry is None:
+        entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group)
+    plan, kernel, combine = entry
+
+    kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
+    ms = (0, 0, 0, 0) if mask is None else _strides(mask, "mask")
+    ls = (0, 0, 0) if lse is None else _strides(lse, "lse")
+    i64 = np.int64
+    head = (np.int32(kind), np.int32(hkv), np.int32(group), i64(lq), i64(lk), np.int32(d),
+            np.int32(dv), *(i64(s) for s in qs[:3]), *(i64(s) for s in ks[:3]),
+            *(i64(s) for s in vs[:3]), *(i64(s) for s in os_[:3]), *(i64(s) for s in ls),
+            *(i64(s) for s in ms), np.float64(scale), np.int32(bool(causal)))
+    args = {vec: (*head, np.int32(vec), i64(plan.row_tiles)) for vec in (0, 1)}
+    out_strides = dict(o_sb=os_[0], o_sh=os_[1], o_sl=os_[2], lse_sb=ls[0], lse_sh=ls[1],
+                       lse_sl=ls[2])
+    part_rows = bsz * hkv * group * lq
+    combine_args = _record(COMBINE_ARGS, part_rows=part_rows, lq=lq, **out_strides,
+                           splits=plan.splits, hkv=hkv, group=group, dv=dv)
+    # AttnWork<T> of attention.cu: float on tensor cores, double on the SIMT path
+    work = np.float64 if dtype in _attn_dispatch.SIMT_DTYPES else np.float32
+    return Launch(plan, kernel, combine, args, combine_args, work, part_rows, dv,
+                  strides_aligned)
+
+
+def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None,
+                     lse=None) -> Launch:
     """Run attention on CuPy operands, writing ``out`` (and ``lse``).
 
     Parameters
@@ -53,50 +153,15 @@ def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None, lse
     lse : cupy.ndarray, optional
         float32 ``(B, Hq, Lq)``: receives the natural-log log-sum-exp of each row's scaled,
         masked scores (``-inf`` for a fully masked row).
+
+    Returns
+    -------
+    Launch
+        The prepared launch, to fire again on operands of the same geometry.
     """
-    import cupy
-
-    bsz, hq, lq, d = q.shape
-    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
-    group = hq // hkv
-    dtype = q.dtype.name
-    qs, ks, vs, os_ = (_strides(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
-    isz = q.itemsize
-    vec = (d % 8 == 0 and dv % 8 == 0 and
-           all(_aligned16(a, s, isz) for a, s in ((q, qs), (k, ks), (v, vs), (out, os_))))
-    dev = q.data.device_id
-    forced = _attn_dispatch.forced_split()
-    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, forced)
-    entry = _PLANS.get(key)
-    if entry is None:
-        entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group)
-    plan, kernel, combine = entry
-
-    i64, null = np.int64, np.uint64(0)
-    kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
-    ms = (0, 0, 0, 0) if mask is None else _strides(mask, "mask")
-    ls = (0, 0, 0) if lse is None else _strides(lse, "lse")
-    rows = group * lq
-    part_rows = bsz * hkv * rows
-    o_part = stat_part = None
-    if plan.splits > 1:
-        # AttnWork<T> of attention.cu: float on tensor cores, double on the SIMT path
-        work = np.float64 if dtype in _attn_dispatch.SIMT_DTYPES else np.float32
-        o_part = cupy.empty((plan.splits, part_rows, dv), work)
-        stat_part = cupy.empty((plan.splits, part_rows, 2), work)  # (row max, row sum)
-    args = (q, k, v, out, null if lse is None else lse,
-            null if o_part is None else o_part, null if stat_part is None else stat_part,
-            null if mask is None else mask, np.int32(kind), np.int32(hkv), np.int32(group),
-            i64(lq), i64(lk), np.int32(d), np.int32(dv),
-            *(i64(s) for s in qs[:3]), *(i64(s) for s in ks[:3]), *(i64(s) for s in vs[:3]),
-            *(i64(s) for s in os_[:3]), *(i64(s) for s in ls), *(i64(s) for s in ms),
-            np.float64(scale), np.int32(bool(causal)), np.int32(vec), i64(plan.row_tiles))
-    kernel(plan.grid, (plan.block,), args, shared_mem=plan.smem)
-    if plan.splits > 1:
-        combine((part_rows,), (_attn_dispatch.COMBINE_THREADS,),
-                (o_part, stat_part, np.int32(plan.splits), i64(part_rows), out,
-                 null if lse is None else lse, np.int32(hkv), np.int32(group), i64(lq),
-                 np.int32(dv), *(i64(s) for s in os_[:3]), *(i64(s) for s in ls)))
+    launch = prepare(q, k, v, out, causal=causal, scale=scale, mask=mask, lse=lse)
+    launch.fire(q, k, v, out, mask, lse)
+    return launch
 
 
 def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int, hkv: int,

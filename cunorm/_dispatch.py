@@ -65,7 +65,7 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
 # The norms' own limits (H200, layer_norm with weight and bias, every path forced on the same
-# rows: tools/profile.py norms): float16 4096 ran at 3032 GB/s in registers and 3785 in shared
+# rows: tools/gpu_profile.py norms): float16 4096 ran at 3032 GB/s in registers and 3785 in shared
 # memory (2048: 3417 vs 3168), float32 8192 at 4006 in registers and 2762 in shared memory.
 NORM_BLOCK_MAX_COLS = {2: 3072, 4: 8192, 8: 0}
 BLOCK_TARGET_VALUES = 16

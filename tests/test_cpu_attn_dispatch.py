@@ -25,7 +25,7 @@ def test_tensor_core_kernel_per_head_dim(dtype: str, d: int, dp: int) -> None:
     """mma.sync kernel (attn_tc) on sm_80 for every head dim."""
     p = a.plan_attention(dtype, d, d, 1000, 1000, 2, 8, 1, A100, occ2, splits=1)
     bn, mw = a.TC_TILES[dp]
-    assert p.kernel == f"cunorm::attn_tc<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {mw}>"
+    assert p.kernel == f"cunorm::attn_tc<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {mw}, 1>"
     assert p.block == a.TC_THREADS and p.smem == (64 * mw + 4 * bn) * dp * 2
     assert p.row_tiles == -(-1000 // (64 * mw)) and p.grid == (p.row_tiles * 16, 1, 1)
     assert p.kernel in a.all_kernel_names(80) and p.combine in a.all_kernel_names(80)
@@ -62,6 +62,25 @@ def test_simt_kernel(dtype: str, dv: int, per_lane: int) -> None:
     p = a.plan_attention(dtype, 40, dv, 9, 70, 1, 2, 3, H100, occ2, splits=1)
     assert p.kernel == f"cunorm::attn_simt<{_dispatch.CTYPE[dtype]}, {per_lane}>"
     assert p.row_tiles == -(-27 // a.SIMT_ROWS) and p.smem == a.simt_smem(40, dv, 8)
+
+
+@pytest.mark.parametrize(("d", "lq", "group", "ks"), [
+    (128, 1, 4, 4),    # decoding, 4 query heads per KV head: 4 rows
+    (64, 2, 8, 4),     # 16 rows: still one m16 tile
+    (128, 17, 1, 1),   # 17 rows: 64-row tiles
+    (160, 1, 4, 1),    # 32-key tiles cannot split into k16 steps 4 ways
+    (32, 1, 1, 4),
+])
+def test_key_split_for_decoding(d: int, lq: int, group: int, ks: int) -> None:
+    """At most 16 query rows per KV head: the 4 warps share one 16-row tile and split each
+    key tile (attn_tc's KS = 4), with a 16-row Q tile in shared memory."""
+    for dev in (A100, H100):
+        p = a.plan_attention("float16", d, d, lq, 4096, 2, 8, group, dev, occ2, splits=1)
+        dp = a.padded_head_dim(d, d)
+        assert p.kernel == a.tc_kernel("cunorm::half_t", dp, ks) and p.kernel.endswith(f", {ks}>")
+        assert p.smem == ((64 // ks) + 4 * a.tc_block_n(dp)) * dp * 2
+        assert p.row_tiles == -(-lq * group // (64 // ks))
+        assert p.kernel in a.all_kernel_names(dev.arch)
 
 
 def test_grouped_query_rows_are_flattened() -> None:
@@ -113,6 +132,43 @@ def test_kernel_files_and_names() -> None:
     for arch in (80, 90):
         names = a.all_kernel_names(arch)
         wg = 2 * len(a.WG_TILES) if arch == 90 else 0
-        assert len(names) == len(set(names)) == 2 * len(a.TC_TILES) + wg + 2 * 8 + 4
+        key_split = sum(bn == 64 for bn, _ in a.TC_TILES.values())  # attn_tc KS = 4
+        assert len(names) == len(set(names)) == 2 * (len(a.TC_TILES) + key_split) + wg \
+            + 2 * 8 + 4
         assert all(_dispatch.kernel_file(n) == "attention.cu" for n in names)
         assert set(names) <= set(_dispatch.all_kernel_names(arch))
+
+
+@pytest.mark.parametrize(("struct", "name"), [("CombineArgs", "COMBINE_ARGS")])
+def test_argument_structs_match_the_kernel_source(struct: str, name: str) -> None:
+    """The NumPy dtype the launcher passes by value has the C struct's fields, offsets and
+    size (C layout: each field at its natural alignment)."""
+    import re
+    from pathlib import Path
+
+    import numpy as np
+
+    from cunorm import _attn_launch
+
+    src = (Path(__file__).parents[1] / "cuda_src" / "attention.cu").read_text()
+    body = re.search(r"struct " + struct + r" \{(.*?)\};", src, re.S)
+    assert body is not None, struct
+    sizes = {"i64": 8, "double": 8, "int": 4}
+    fields, offset, align = [], 0, 1
+    for decl in body.group(1).split(";"):
+        decl = decl.strip()
+        if not decl:
+            continue
+        ctype, names = decl.split(None, 1)
+        for field in (n.strip() for n in names.split(",")):
+            size = sizes[ctype]
+            offset = -(-offset // size) * size
+            fields.append((field, offset, size))
+            offset += size
+            align = max(align, size)
+    dtype = getattr(_attn_launch, name)
+    assert [f[0] for f in fields] == list(dtype.names)
+    for field, off, size in fields:
+        assert dtype.fields[field][1] == off and dtype.fields[field][0].itemsize == size, field
+    assert dtype.itemsize == -(-offset // align) * align
+    assert np.zeros((), dtype)[()].nbytes == dtype.itemsize

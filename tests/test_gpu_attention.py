@@ -53,9 +53,11 @@ def to_host(a) -> np.ndarray:
 
 
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None, mask=None):
-    """float64 ``(out, lse)`` on the host: key/value heads repeated for grouped queries,
+    """``(out, lse)`` on the host in float64 (``np.longdouble`` for float64 inputs, whose own
+    rounding a float64 reference would share): key/value heads repeated for grouped queries,
     masks applied as conditions, max-subtracted softmax; fully masked rows 0 and -inf."""
-    q, k, v = (np.asarray(to_host(a), np.float64) for a in (q, k, v))
+    wide = np.longdouble if to_host(q).dtype == np.float64 else np.float64
+    q, k, v = (np.asarray(to_host(a), wide) for a in (q, k, v))
     mask = None if mask is None else to_host(mask)
     hq, lq, d = q.shape[-3:]
     hkv, lk, dv = v.shape[-3:]
@@ -68,7 +70,7 @@ def reference(q, k, v, *, causal: bool = False, scale: float | None = None, mask
         s = (q @ np.swapaxes(k, -1, -2)) * scale
         if mask is not None:
             m = np.broadcast_to(mask, s.shape)
-            s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + m.astype(np.float64)
+            s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + m.astype(wide)
         if causal:
             s = np.where(np.tril(np.ones((lq, lk), bool), k=lk - lq), s, -np.inf)
         mx = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
@@ -347,6 +349,8 @@ def launches(monkeypatch):
         return real(q, k, v, out, **kwargs)
 
     monkeypatch.setattr(mod, "launch_attention", spy)
+    # a memoized call skips the launcher (see test_repeated_calls_take_the_memo): start empty
+    monkeypatch.setattr(importlib.import_module("cunorm.attention"), "_MEMO", {})
     return calls
 
 
@@ -421,6 +425,51 @@ def test_out_overlapping_inputs(rng):
     out = buf[1:3]  # overlaps q and k
     assert cunorm.attention(q, k, v, out=out) is out
     check(out, None, ref, ref_lse, nerr, np.dtype(np.float32), "overlap")
+
+
+# --- the hot-path memo ------------------------------------------------------------------------
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_repeated_calls_take_the_memo(rng, launches, return_lse):
+    """A second call of the same geometry skips validation and planning (no launcher call)
+    and is still right on new data, on a misaligned start (no 16-byte packs) and under a
+    forced split (another key)."""
+    buf = {n: cupy.asarray(randn(rng, (1, 8, 300, 72), np.float16)) for n in "qkv"}
+    q, k, v = (buf[n][:, :, :, :64] for n in "qkv")  # (1, 8, 300, 64), row stride 72
+    q = q[:, :, :1]  # decoding: Lq = 1 over 300 keys, 8 query heads on 2 KV heads
+    k, v = k[:, :2], v[:, :2]
+    results = []
+    for start in (0, 0, 1, 1):  # aligned twice, then an odd start (same shapes and strides)
+        qs, ks, vs = (buf[n][:, :, :, start:start + 64] for n in "qkv")
+        qs, ks, vs = qs[:, :, :1], ks[:, :2], vs[:, :2]
+        res = cunorm.attention(qs, ks, vs, return_lse=return_lse)
+        out, lse = res if return_lse else (res, None)
+        ref, ref_lse = reference(qs, ks, vs)
+        check(out, lse, ref, ref_lse, float(row_errors(naive(qs, ks, vs), ref).max()),
+              np.dtype(np.float16), f"start={start}")
+        results.append(out)
+    assert len(launches) == 1, "later calls of one geometry must take the memo"
+    assert bool((results[0] == results[1]).all())
+    with force_split(3):  # a forced split is part of the key
+        out = cunorm.attention(q, k, v, return_lse=return_lse)
+    assert len(launches) == 2
+    res = out[0] if return_lse else out
+    assert bool((cupy.abs(res.astype(np.float32) - results[0].astype(np.float32)) < 1e-2).all())
+
+
+def test_memo_keeps_every_check(rng):
+    """After a memoized call, arguments that differ in kind, dtype or type still fail."""
+    q = cupy.asarray(randn(rng, (1, 4, 1, 64), np.float16))
+    k = cupy.asarray(randn(rng, (1, 2, 40, 64), np.float16))
+    cunorm.attention(q, k, k)
+    cunorm.attention(q, k, k)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        cunorm.attention(q, k, k, causal=0)
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        cunorm.attention(q, k, k, scale=True)
+    with pytest.raises(TypeError, match="k is a numpy array but q is a cupy"):
+        cunorm.attention(q, cupy.asnumpy(k), k)
+    with pytest.raises(TypeError, match="dtype"):
+        cunorm.attention(q, k.astype(np.float32), k)
 
 
 # --- empty problems and bad input: no launch -------------------------------------------------

@@ -1,12 +1,14 @@
 """Host overhead and per-kernel profiles for the row paths (run on the GPU machine).
 
-``python tools/profile.py overhead`` prints the host time per call of a small softmax;
-``ncu ... python tools/profile.py kernels`` runs one launch of each representative shape;
-``python tools/profile.py norms`` times layer_norm / rms_norm on every path that can take a
-shape (GB/s, L2 flushed) and ``ncu ... python tools/profile.py norm-kernels`` runs one launch
-of the short-row norm and softmax kernels for comparison; ``python tools/profile.py attention``
-compares attention with torch's FlashAttention-2 backend and ``ncu ... python tools/profile.py
-attention-kernels`` runs one bf16 forward per head dim.
+``python tools/gpu_profile.py overhead`` prints the host time per call of a small softmax;
+``ncu ... python tools/gpu_profile.py kernels`` runs one launch of each representative shape;
+``python tools/gpu_profile.py norms`` times layer_norm / rms_norm on every path that can take a
+shape (GB/s, L2 flushed) and ``ncu ... python tools/gpu_profile.py norm-kernels`` runs one launch
+of the short-row norm and softmax kernels for comparison; ``python tools/gpu_profile.py attention``
+compares attention with torch's FlashAttention-2 backend and ``ncu ... python tools/gpu_profile.py
+attention-kernels`` runs one bf16 forward per head dim; ``decode-kernels`` one decoding call
+per KV length (for ncu); ``attention-overhead`` gives the host and GPU time of a decoding call
+with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list.
 """
 
 from __future__ import annotations
@@ -194,24 +196,80 @@ def attention() -> None:
 
 
 def attention_overhead(n: int = 2000) -> None:
-    """Host time per decoding call (bf16, Lq = 1, 32 / 8 heads, D = 128, Lk = 4096), against
-    the GPU time of one call. (cProfile cannot run here: this file shadows ``profile``.)"""
-    from triton.testing import do_bench
+    """Host and GPU time per decoding call (bf16, Lq = 1, 32 / 8 heads, D = 128, Lk = 4096)
+    for CuPy and torch inputs, then a cProfile of the CuPy calls (functions by own time)."""
+    import cProfile
+    import pstats
+
+    from cupyx.profiler import benchmark
 
     q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
     k, v = (cupy.random.standard_normal((1, 8, 4096, 128), dtype=np.float32).astype("bfloat16")
             for _ in range(2))
-    for _ in range(50):
-        cunorm.attention(q, k, v)
-    cupy.cuda.Device().synchronize()
-    t0 = time.perf_counter()
+    calls = {"cupy": lambda: cunorm.attention(q, k, v)}
+    try:
+        import torch
+
+        tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+        calls["torch"] = lambda: cunorm.attention(tq, tk, tv)
+    except ImportError:
+        pass
+    for name, fn in calls.items():
+        res = benchmark(fn, n_repeat=n, n_warmup=50)
+        print(f"decoding cunorm.attention ({name}): host {res.cpu_times.mean() * 1e6:.1f} us, "
+              f"GPU {res.gpu_times.mean() * 1e6:.1f} us per call (cupyx benchmark, {n} calls)")
+    prof = cProfile.Profile()
+    prof.enable()
     for _ in range(n):
-        cunorm.attention(q, k, v)
-    t1 = time.perf_counter()
+        calls["cupy"]()
+    prof.disable()
     cupy.cuda.Device().synchronize()
-    ms = do_bench(lambda: cunorm.attention(q, k, v), warmup=10, rep=50, return_mode="median")
-    print(f"decoding cunorm.attention: host {(t1 - t0) / n * 1e6:.1f} us/call, "
-          f"do_bench {ms * 1e3:.1f} us")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+_LAUNCH_PROBE = r"""
+struct Scalars { long long v[29]; double scale; int flags[8]; };
+extern "C" __global__ void many(const void* a, const void* b, const void* c, void* d,
+    const void* e, void* f, void* g, const void* h, int i0, int i1, int i2, long long l0,
+    long long l1, int i3, int i4, long long s0, long long s1, long long s2, long long s3,
+    long long s4, long long s5, long long s6, long long s7, long long s8, long long s9,
+    long long s10, long long s11, long long s12, long long s13, long long s14, long long s15,
+    long long s16, long long s17, long long s18, double x, int i5, int i6, long long l2) {}
+extern "C" __global__ void packed(const void* a, const void* b, const void* c, void* d,
+    const void* e, void* f, void* g, const void* h, Scalars s) {}
+extern "C" __global__ void few(const void* a, void* b) {}
+"""
+
+
+def launch_cost(n: int = 20000) -> None:
+    """Host time of one CuPy RawKernel launch by argument list: the attention kernels' 8
+    pointers and 30 scalars, the same scalars in one struct (a NumPy structured scalar), and
+    2 pointers (the row kernels)."""
+    mod = cupy.RawModule(code=_LAUNCH_PROBE)
+    x = cupy.zeros(16, np.float32)
+    i32, i64 = np.int32, np.int64
+    many = (x,) * 4 + (x, x, x, np.uint64(0)) + (i32(0),) * 3 + (i64(1),) * 2 + (i32(0),) * 2 \
+        + (i64(1),) * 19 + (np.float64(1.0), i32(0), i32(0), i64(1))
+    rec = np.dtype({"names": ["v", "scale", "flags"], "formats": [(np.int64, 29), np.float64,
+                   (np.int32, 8)], "offsets": [0, 232, 240], "itemsize": 272})
+    packed = (x,) * 4 + (x, x, x, np.uint64(0)) + (np.zeros((), rec)[()],)
+    cases = {"many": (mod.get_function("many"), many),
+             "packed": (mod.get_function("packed"), packed),
+             "few": (mod.get_function("few"), (x, x))}
+    for name, (fn, args) in cases.items():
+        try:
+            for _ in range(100):
+                fn((1,), (32,), args)
+        except Exception as err:  # noqa: BLE001 - report what CuPy refuses
+            print(f"launch {name}: {type(err).__name__}: {err}")
+            continue
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn((1,), (32,), args)
+        t1 = time.perf_counter()
+        cupy.cuda.Device().synchronize()
+        print(f"launch {name} ({len(args)} args): {(t1 - t0) / n * 1e6:.2f} us host")
 
 
 def attention_kernels() -> None:
@@ -223,9 +281,47 @@ def attention_kernels() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def decode(lks=(4096, 16384, 65536, 131072)) -> None:
+    """Decoding GB/s of K/V read (bf16, Lq = 1, 32 / 8 heads, D = 128; do_bench, L2 flushed)
+    for cunorm and torch SDPA's default backend, and a device copy of the same bytes."""
+    import torch
+    from triton.testing import do_bench
+
+    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    for lk in lks:
+        k, v = (cupy.random.standard_normal((1, 8, lk, 128), dtype=np.float32)
+                .astype("bfloat16") for _ in range(2))
+        nbytes = k.nbytes + v.nbytes
+        dst = cupy.empty_like(k)
+        tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        calls = {"cunorm": functools.partial(cunorm.attention, q, k, v),
+                 "sdpa": functools.partial(sdpa, tq, tk, tv, enable_gqa=True),
+                 "copy": functools.partial(cupy.cuda.runtime.memcpyAsync, dst.data.ptr,
+                                           k.data.ptr, k.nbytes,
+                                           cupy.cuda.runtime.memcpyDeviceToDevice, 0)}
+        times = {n: do_bench(fn, warmup=10, rep=50, return_mode="median")
+                 for n, fn in calls.items()}
+        gbs = {n: (2 * k.nbytes if n == "copy" else nbytes) / t / 1e6 for n, t in times.items()}
+        print(f"decode Lk={lk}: " + ", ".join(f"{n} {times[n] * 1e3:.1f} us {gbs[n]:.0f} GB/s"
+                                               for n in times)
+              + f"; cunorm/copy {gbs['cunorm'] / gbs['copy']:.0%}")
+
+
+def decode_kernels() -> None:
+    """One decoding call (bf16, Lq = 1, 32 / 8 heads, D = 128) per Lk, after a warm-up."""
+    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    for lk in (4096, 16384, 131072):
+        k, v = (cupy.random.standard_normal((1, 8, lk, 128), dtype=np.float32)
+                .astype("bfloat16") for _ in range(2))
+        cunorm.attention(q, k, v)
+        cupy.cuda.Device().synchronize()
+
+
 if __name__ == "__main__":
     {"overhead": overhead, "kernels": kernels, "strided": strided,
      "strided-launch": lambda: strided(True), "norms": norms,
      "norm-kernels": norm_kernels, "attention": attention,
      "attention-kernels": attention_kernels,
-     "attention-overhead": attention_overhead}[sys.argv[1]]()
+     "attention-overhead": attention_overhead, "launch-cost": launch_cost,
+     "decode-kernels": decode_kernels, "decode": decode}[sys.argv[1]]()
