@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _array, _attention_layout, _attention_ref
+from ._attn_dispatch import forced_split
 
 FNAME = "attention"
 #: the largest head dim (of q and k, and of v) the kernels take; every kind is held to it, so
@@ -249,8 +250,6 @@ def _memo_key(q, k, v, causal, scale, return_lse) -> tuple | None:
     if (type(k) is not type(q) or type(v) is not type(q) or type(causal) is not bool
             or type(return_lse) is not bool or not (scale is None or type(scale) is float)):
         return None
-    from ._attn_dispatch import forced_split
-
     return (q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
             v.dtype, q.data.device_id, k.data.device_id, v.data.device_id, causal, scale,
             return_lse, forced_split())
