@@ -124,7 +124,9 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     } else if (active) {
       // Uncached: online statistics over chunks of U dim rows, so loads overlap and each
       // chunk rescales once.
-      constexpr int U = kUnrollValues * 4 / (PACK * static_cast<int>(sizeof(C)));
+      // (Scalar packs: 8 rows, not 16: each load keeps a 64-bit address live, and 16 of them
+      // spilled under the 64-register cap of the 16-bit kernels.)
+      constexpr int U = PACK == 1 ? 8 : kUnrollValues * 4 / (PACK * static_cast<int>(sizeof(C)));
       for (i64 d0 = d_begin + ty; d0 < d_end; d0 += U * ty_count) {
         C v[PACK][U];
 #pragma unroll
@@ -143,42 +145,43 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
         for (int j = 0; j < PACK; ++j) st[j].template add<U>(v[j]);
       }
     }
-    // Tree-combine the TY partial states of each inner position.
+    // Combine the TY partial states of each inner position: first inside each warp (lanes
+    // TX apart hold the same columns), by shuffles; then the warps' results, one column per
+    // thread from shared memory; then, on a cluster, the blocks' results, one column per
+    // thread from distributed shared memory (all CLUSTER remote loads of a column in flight
+    // at once). A tree over TY rows of `part` with each thread walking its PACK columns
+    // serialized on bank conflicts and remote-load latency instead.
+    const int ty_per_warp = tx_count < 32 ? 32 / tx_count : 1;
+    for (int lanes = tx_count; lanes < 32; lanes *= 2) {
 #pragma unroll
-    for (int j = 0; j < PACK; ++j) part[ty * width + tx * PACK + j] = st[j];
+      for (int j = 0; j < PACK; ++j) st[j] = MS::combine(st[j], st[j].shfl_xor(lanes, 32));
+    }
+    if (ty % ty_per_warp == 0) {
+#pragma unroll
+      for (int j = 0; j < PACK; ++j) part[ty / ty_per_warp * width + tx * PACK + j] = st[j];
+    }
     __syncthreads();
-    for (int stride = ty_count / 2; stride > 0; stride /= 2) {
-      if (ty < stride) {
-#pragma unroll
-        for (int j = 0; j < PACK; ++j) {
-          const int a = ty * width + tx * PACK + j;
-          part[a] = MS::combine(part[a], part[a + stride * width]);
-        }
-      }
-      __syncthreads();
+    const int nparts = ty_count / ty_per_warp;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+      MS all = part[c];
+      for (int r = 1; r < nparts; ++r) all = MS::combine(all, part[r * width + c]);
+      final_row[c] = all;
     }
     if (CLUSTER > 1) {
-      // Combine the cluster's blocks: row 0 of every block's `part` holds its slice's states.
+      // Every block's final_row is complete after the cluster barrier; `part` is free again
+      // (its last local reads came before the barrier) and takes the cluster's result.
       Cluster<CLUSTER>::sync();
-      if (ty == 0) {
+      for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        MS all;
+        all.init();
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) {
-          const int col = tx * PACK + j;
-          MS all;
-          all.init();
-#pragma unroll
-          for (unsigned peer = 0; peer < CLUSTER; ++peer) {
-            MS o;
-            o.m = Cluster<CLUSTER>::read_peer(&part[col].m, peer);
-            o.s = Cluster<CLUSTER>::read_peer(&part[col].s, peer);
-            all = MS::combine(all, o);
-          }
-          final_row[col] = all;
-        }
+        for (unsigned peer = 0; peer < CLUSTER; ++peer)
+          all = MS::combine(all, MS::template read_peer<Cluster<CLUSTER>>(&final_row[c], peer));
+        part[c] = all;
       }
-      __syncthreads();
     }
-    const MS* fin_states = CLUSTER > 1 ? final_row : part;
+    __syncthreads();
+    const MS* fin_states = CLUSTER > 1 ? part : final_row;
     SoftmaxOut<C, DST, LOG> fin[PACK] = {};
 #pragma unroll
     for (int j = 0; j < PACK; ++j) fin[j] = SoftmaxOut<C, DST, LOG>::from(fin_states[tx * PACK + j]);
