@@ -348,10 +348,17 @@ template <> struct PairFromFloat<bf16_t> {
   }
 };
 
-// STORE functor: writes N compute values to (row, col..col+N).
+// STORE functors: store<N>(values, row, col) writes N compute values to (row, col..col+N).
+// Each names its per-column parameters Params<N> (empty for DirectStore). One with
+// kBatchParams also splits its store in two, params<N>(col) loading them and store<N>(values,
+// row, col, params) using them, so the streaming paths can put the parameter loads of several
+// packs in flight before the first store (rows.cuh StoreBatch): the compiler cannot move a
+// load above an earlier store to y by itself, as y might alias the parameters.
 template <typename C, typename DST> struct DirectStore {
   DST* dst;
   i64 ld;
+  static constexpr bool kBatchParams = false;  // no parameters
+  template <int N> struct Params {};
   __device__ DirectStore(DST* d, i64 l) : dst(d), ld(l) {}
   template <int N> __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
     if constexpr (PairFromFloat<DST>::ok && IsSame<C, float>::value && N % 2 == 0) {
@@ -376,9 +383,33 @@ template <typename C, typename DST> struct AffineStore {
   DirectStore<C, DST> out;
   const DST* weight;
   const DST* bias;
+  // The raw parameter packs of N columns (unset where the parameter is absent). Batched
+  // (rows.cuh StoreBatch) for 4- and 8-byte parameters only: 16-bit rows gained nothing and
+  // paid in registers.
+  static constexpr bool kBatchParams = sizeof(DST) >= 4;
+  template <int N> struct Params { Pack<DST, N> w, b; };
   __device__ AffineStore(DST* d, i64 l, const DST* w, const DST* b) : out(d, l), weight(w), bias(b) {}
-  template <int N> __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
+  template <int N> __device__ __forceinline__ Params<N> params(i64 col) const {
+    Params<N> prm;
+    if (weight != nullptr) prm.w = load_pack<DST, N>(weight + col);
+    if (bias != nullptr) prm.b = load_pack<DST, N>(bias + col);
+    return prm;
+  }
+  template <int N>
+  __device__ __forceinline__ void store(const C* src, i64 row, i64 col, const Params<N>& prm) const {
     // v * w + b in one rounding (fma); an absent parameter is w = 1 or b = 0.
+    C v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const C w = weight != nullptr ? to_compute<C>(prm.w.v[i]) : C(1);
+      const C b = bias != nullptr ? to_compute<C>(prm.b.v[i]) : C(0);
+      v[i] = fma(src[i], w, b);
+    }
+    out.template store<N>(v, row, col);
+  }
+  template <int N> __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
+    // The same, loading the parameters here: in the register paths' unrolled stores the form
+    // above held every pack's parameters at once (63 -> 93 registers in a float32 block).
     C w[N], b[N], v[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) {

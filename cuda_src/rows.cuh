@@ -29,6 +29,27 @@ namespace cunorm {
 // in flight per thread to cover memory latency, few enough registers for 512-thread blocks.
 constexpr int kUnrollValues = 16;
 
+// Packs a thread of the shared-memory path stores per batch: the STORE functor's parameter
+// loads (weight and bias) of a batch go out together before its stores, so a row pays one L2
+// latency per batch instead of one per pack (the compiler may not move those loads above a
+// store to y, which might alias). A batch holds at most kStoreBatchBytes of parameters in
+// registers, and only functors with kBatchParams batch at all. H200, layer_norm with weight
+// and bias, one run (tools/gpu_profile.py store-batch): float32 16384 cols 2731 -> 3466 GB/s,
+// 65536 cols 2432 -> 3094. 16-bit rows gained nothing and their kernels grew past the 40
+// registers the block-size choice keys on (float16 16384-262144 cols lost 9-23% in a bench
+// run), and the warp and block paths (whole row unrolled in registers) lost up to 3x, so
+// those store pack by pack, each store loading its own parameters.
+// CUNORM_STORE_BATCH_BYTES overrides the byte budget for measurement (0: no batching).
+#ifndef CUNORM_STORE_BATCH_BYTES
+#define CUNORM_STORE_BATCH_BYTES 64
+#endif
+constexpr int kStoreBatchBytes = CUNORM_STORE_BATCH_BYTES;
+template <class STORE, int PACK> struct StoreBatch {
+  static constexpr int bytes = static_cast<int>(sizeof(typename STORE::template Params<PACK>));
+  static constexpr int value = !STORE::kBatchParams || bytes >= kStoreBatchBytes ? 1
+                               : (kStoreBatchBytes / bytes > 4 ? 4 : kStoreBatchBytes / bytes);
+};
+
 // ---------------------------------------------------------------------------------------
 // Warp path. Launch: 1-D block of blockDim.x threads (a multiple of 32), GROUP lanes per
 // row group, ROWS rows per group per step; grid-stride over row groups. COLS values per
@@ -233,18 +254,35 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
         block_all_reduce<SumOp<A>>(t2, scratch2), &slot2);
     const typename OP::Fin fin = op.finish(s1, s2, cols);
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
-    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
-      C v[PACK];
-      if constexpr (KEEP) {
-        const RawPack e = cache[p - pack_begin];
+    constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
+    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kStoreBatch * step) {
+      typename STORE::template Params<PACK> prm[kStoreBatch];
+      if constexpr (kStoreBatch > 1) {
 #pragma unroll
-        for (int i = 0; i < PACK; ++i) v[i] = fin.kept(e.v[i]);
-      } else {
-        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
+        for (int u = 0; u < kStoreBatch; ++u) {
+          if (p0 + u * step < pack_end) prm[u] = store.template params<PACK>((p0 + u * step) * PACK);
+        }
       }
-      store.template store<PACK>(v, row, p * PACK);
+#pragma unroll
+      for (int u = 0; u < kStoreBatch; ++u) {
+        const i64 p = p0 + u * step;
+        if (p >= pack_end) break;
+        C v[PACK];
+        if constexpr (KEEP) {
+          const RawPack e = cache[p - pack_begin];
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) v[i] = fin.kept(e.v[i]);
+        } else {
+          load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
+        }
+        if constexpr (kStoreBatch > 1) {
+          store.template store<PACK>(v, row, p * PACK, prm[u]);
+        } else {
+          store.template store<PACK>(v, row, p * PACK);  // loads its parameters itself
+        }
+      }
     }
   }
   // No block may leave while a peer can still read its slots.
@@ -299,16 +337,27 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
     for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
       C v[kUnroll][PACK];
+      // The parameter loads go out with the chunk's input loads (StoreBatch's rule: for
+      // functors with kBatchParams only).
+      constexpr bool kBatch = STORE::kBatchParams;
+      typename STORE::template Params<PACK> prm[kBatch ? kUnroll : 1];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < pack_end) load2.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+        if (p0 + u * step < pack_end) {
+          load2.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+          if constexpr (kBatch) prm[u] = store.template params<PACK>((p0 + u * step) * PACK);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (p0 + u * step < pack_end) {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) v[u][i] = fin(v[u][i]);
-          store.template store<PACK>(v[u], row, (p0 + u * step) * PACK);
+          if constexpr (kBatch) {
+            store.template store<PACK>(v[u], row, (p0 + u * step) * PACK, prm[u]);
+          } else {
+            store.template store<PACK>(v[u], row, (p0 + u * step) * PACK);
+          }
         }
       }
     }
