@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: smoke test, path thresholds, GPU test suite, compute-sanitizer, benchmark.
 # Usage (on the GPU machine, repo root): bash benchmarks/gpu_run.sh [STEPS...]
-#   steps: smoke thresholds tests sanitize bench profile  (default: all but profile)
+#   steps: smoke thresholds tests sanitize bench profile gaps  (default: all but profile, gaps)
 #   BENCH_OPS: the ops the bench step runs (default: every row-wise op, then attention)
 # Logs and results go to $OUT (device tool) or benchmarks/results/.
 set -uo pipefail
@@ -25,6 +25,13 @@ for step in $steps; do
       python tools/sass_summary.py 90 "cunorm::softmax_warp<cunorm::half_t, cunorm::half_t, false, 8, 32, 32, 1>" \
         "cunorm::softmax_smem<cunorm::half_t, cunorm::half_t, false, 8, 2>" \
         "cunorm::softmax_uncached<float, float, false, 4>" > "$OUT/sass-summary.txt" 2>&1; head -60 "$OUT/sass-summary.txt" ;;
+    gaps)
+      python tools/gpu_profile.py gaps 2>&1 | tee "$OUT/gaps.txt" || status=1
+      ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section SchedulerStats -k regex:'softmax|norm' \
+          python tools/gpu_profile.py gap-kernels > "$OUT/ncu-gaps.txt" 2>&1
+      grep -E "^launch:|  (cunorm|_softmax|_norm)|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Issue Slots Busy|No Eligible|Stall" \
+          "$OUT/ncu-gaps.txt" | cut -c1-140 ;;
     thresholds)
       python benchmarks/thresholds.py --out "$OUT" || status=1 ;;
     tests)

@@ -70,6 +70,9 @@ STRIDED_VARIANTS = {
     "slice32k": {"STRIDED_SLICE_MAX_BYTES": 32 * 1024},
     "uncached": {"STRIDED_SLICE_MAX_BYTES": 0},
     "cached-slice96k": {"STRIDED_SLICE_MAX_BYTES": 96 * 1024},
+    "slice128k": {"STRIDED_SLICE_MAX_BYTES": 128 * 1024},
+    "tile64": {"STRIDED_MIN_TILE_BYTES": 64},
+    "tile256": {"STRIDED_MIN_TILE_BYTES": 256},
 }
 
 
@@ -165,6 +168,133 @@ def norm_kernels() -> None:
         cunorm.layer_norm(x)
         cunorm.softmax(x)
     cupy.cuda.Device().synchronize()
+
+
+# Cells where the row paths trail a peer or the copy bandwidth (bench summary): each shape on
+# the default path and on every other path that can take it, next to the Triton peer. The
+# block path is also tried past its dispatcher limits (values per thread up to 32).
+GAP_CASES = [("softmax", "float16", 1024, 49152), ("softmax", "float16", 8192, 49152),
+             ("softmax", "bfloat16", 8192, 49152), ("softmax", "float32", 8192, 49152),
+             ("softmax", "float16", 16384, 24576), ("softmax", "float32", 16384, 24576),
+             ("softmax", "float32", 32768, 6144), ("softmax", "bfloat16", 65536, 3072),
+             ("layer_norm", "float16", 8192, 49152), ("layer_norm", "float32", 16384, 24576)]
+GAP_PATHS = (None, "warp", "block", "smem", "cluster")
+
+
+def _gap_calls():
+    """(label, thunk) for every GAP_CASES shape and path, the block limits raised."""
+    import torch
+
+    from cunorm import _dispatch
+    from cunorm.bench import triton_kernels
+
+    _dispatch.BLOCK_MAX_VALUES = {4: 32, 8: 16}
+    calls = []
+    for op, dt, cols, rows in GAP_CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        y = cupy.empty_like(x)
+        if op == "softmax":
+            def run(x=x, y=y):
+                return cunorm.softmax(x, out=y)
+            tx = torch.from_dlpack(x)
+            peer = functools.partial(triton_kernels.softmax, tx) if cols <= 16384 else None
+        else:
+            w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+            b = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+
+            def run(x=x, y=y, w=w, b=b):
+                return cunorm.layer_norm(x, w, b, out=y)
+            tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
+            peer = functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5)
+        for path in GAP_PATHS:
+            def forced(run=run, path=path):
+                with _dispatch.force_path(path):
+                    return run()
+            try:
+                forced()
+            except ValueError:
+                continue
+            calls.append((f"{op} {dt} ({rows}, {cols}) {path or 'default'}", forced, x.nbytes))
+        if peer is not None:
+            peer()
+            calls.append((f"{op} {dt} ({rows}, {cols}) triton", peer, x.nbytes))
+    cupy.cuda.Device().synchronize()
+    torch.cuda.synchronize()
+    return calls
+
+
+def gaps() -> None:
+    """GB/s (L2 flushed, median) of each GAP_CASES shape on each path and of its Triton peer."""
+    from triton.testing import do_bench
+
+    for label, fn, nbytes in _gap_calls():
+        ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+        print(f"{label:48s} {2 * nbytes / ms / 1e6:6.0f} GB/s")
+
+
+def gap_kernels() -> None:
+    """One launch of each GAP_CASES call (after a warm-up), for ncu."""
+    import torch
+
+    calls = _gap_calls()
+    cupy.cuda.Device().synchronize()
+    for label, fn, _ in calls:
+        print("launch:", label, flush=True)
+        fn()
+        cupy.cuda.Device().synchronize()
+        torch.cuda.synchronize()
+
+
+STORE_BATCH_CASES = [
+    ("layer_norm", "float16", 1024, 49152), ("layer_norm", "float16", 2048, 49152),
+    ("layer_norm", "float16", 8192, 49152), ("layer_norm", "bfloat16", 16384, 24576),
+    ("layer_norm", "float16", 32768, 12288), ("layer_norm", "float16", 65536, 3072),
+    ("layer_norm", "float32", 4096, 49152), ("layer_norm", "float32", 16384, 24576),
+    ("layer_norm", "float32", 65536, 3072), ("rms_norm", "bfloat16", 16384, 24576),
+    ("rms_norm", "float32", 512, 49152)]
+
+
+def store_batch() -> None:
+    """GB/s of the norms with the affine parameter loads batched by 0 (one pack at a time), 64
+    and 128 bytes (rows.cuh CUNORM_STORE_BATCH_BYTES), next to the Triton peer."""
+    import torch
+    from triton.testing import do_bench
+
+    from cunorm import _kernels, norm
+    from cunorm.bench import triton_kernels
+
+    base_options = _kernels.compile_options
+    warm = cupy.ones((4096, 4096), dtype=np.float32)  # the first timing of a process runs slow
+    do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
+    for op, dt, cols, rows in STORE_BATCH_CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+        b = (cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+             if op == "layer_norm" else None)
+        y = cupy.empty_like(x)
+        fn = cunorm.layer_norm if op == "layer_norm" else cunorm.rms_norm
+        args = (x, w, b) if op == "layer_norm" else (x, w)
+        line = f"{op} {dt} ({rows}, {cols})"
+        for batch in (0, 64, 128):
+            _kernels.compile_options = (lambda arch, op_file="", batch=batch: (
+                *base_options(arch, op_file), f"-DCUNORM_STORE_BATCH_BYTES={batch}"))
+            _kernels._KERNELS.clear()
+            norm._PLANS.clear()
+            fn(*args, out=y)
+            ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                          return_mode="median")
+            line += f"  batch{batch} {2 * x.nbytes / ms / 1e6:5.0f}"
+        if cols <= triton_kernels.MAX_COLS:
+            tx, tw = torch.from_dlpack(x), torch.from_dlpack(w)
+            tb = torch.from_dlpack(b) if b is not None else None
+            peer = functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5, op == "rms_norm")
+            ms = do_bench(peer, warmup=10, rep=50, return_mode="median")
+            line += f"  triton {2 * x.nbytes / ms / 1e6:5.0f}"
+        print(line + " GB/s", flush=True)
+        del x, w, b, y
+    _kernels.compile_options = base_options
+    _kernels._KERNELS.clear()
+    norm._PLANS.clear()
 
 
 def attention() -> None:
@@ -324,4 +454,6 @@ if __name__ == "__main__":
      "norm-kernels": norm_kernels, "attention": attention,
      "attention-kernels": attention_kernels,
      "attention-overhead": attention_overhead, "launch-cost": launch_cost,
-     "decode-kernels": decode_kernels, "decode": decode}[sys.argv[1]]()
+     "decode-kernels": decode_kernels, "decode": decode,
+     "gaps": gaps, "gap-kernels": gap_kernels,
+     "store-batch": store_batch}[sys.argv[1]]()
