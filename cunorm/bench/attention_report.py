@@ -23,13 +23,13 @@ from .report import (
     fmt_gbps,
     fmt_pct,
     fmt_ratio,
+    header_lines,
     import_pyplot,
     log2_axis,
     md_table,
     save_figure,
     text_table,
     to_json,
-    versions_line,
 )
 
 FORWARD_TARGET = 1.0  # cunorm / flash, every point
@@ -374,17 +374,7 @@ def print_report(meta: dict[str, Any], run: AttnRun, summary: dict[str, Any]) ->
 
 def write_markdown(path: Path, meta: dict[str, Any], run: AttnRun, summary: dict[str, Any]) -> None:
     copy = meta["copy_gbps"]
-    parts = [
-        f"# cunorm attention benchmark, {meta['device']}, {meta['date']}",
-        "",
-        f"Device: **{meta['device']}**. Device-to-device copy (read+write): **{copy:.0f} GB/s**.",
-        "",
-        f"Versions: {versions_line(meta)}.",
-        "",
-        f"Command: `{meta.get('command', '')}`",
-        "",
-        "Method: " + method_paragraph(meta),
-    ]
+    parts = header_lines(meta, "attention", method_paragraph(meta))
     if run.forward:
         h, r = forward_table(run)
         parts += [

@@ -343,18 +343,27 @@ def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
     )
 
 
-def write_markdown(path: Path, meta: dict[str, Any], run: OpRun, summary: dict[str, Any]) -> None:
-    copy = meta["copy_gbps"]
-    parts = [
-        f"# cunorm {run.op} benchmark, {meta['device']}, {meta['date']}",
+def header_lines(meta: dict[str, Any], what: str, method: str) -> list[str]:
+    """The opening of a results file: title, device and copy bandwidth, versions, command,
+    method (``what``: e.g. ``"softmax"``; the title reads "cunorm <what> benchmark")."""
+    return [
+        f"# cunorm {what} benchmark, {meta['device']}, {meta['date']}",
         "",
-        f"Device: **{meta['device']}**. Device-to-device copy (read+write): **{copy:.0f} GB/s**.",
+        f"Device: **{meta['device']}**. Device-to-device copy (read+write): "
+        f"**{meta['copy_gbps']:.0f} GB/s**.",
         "",
         f"Versions: {versions_line(meta)}.",
         "",
         f"Command: `{meta.get('command', '')}`",
         "",
-        "Method: " + method_paragraph(meta, run.op),
+        "Method: " + method,
+    ]
+
+
+def write_markdown(path: Path, meta: dict[str, Any], run: OpRun, summary: dict[str, Any]) -> None:
+    copy = meta["copy_gbps"]
+    parts = [
+        *header_lines(meta, run.op, method_paragraph(meta, run.op)),
         "",
         f"## {run.op} (GB/s), shape (rows, cols)",
         "",
