@@ -119,8 +119,11 @@ __global__ void __launch_bounds__(128, 4) norm_warp(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>));
 }
 
+// 40 registers for 16-bit rows in full packs of at most 16 values a thread, 64 for float ones
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
-__global__ void __launch_bounds__(512, 1) norm_block(CUNORM_NORM_PARAMS) {
+__global__ void __launch_bounds__(
+    512, block_min_blocks(PACK * sizeof(SRC), COLS, sizeof(SRC) == 2 ? 3 : sizeof(SRC) == 4 ? 2 : 1))
+    norm_block(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_block<PACK, COLS>));
 }
 

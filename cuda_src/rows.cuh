@@ -29,6 +29,12 @@ namespace cunorm {
 // in flight per thread to cover memory latency, few enough registers for 512-thread blocks.
 constexpr int kUnrollValues = 16;
 
+// kFetchFirst: the register paths fetch every raw pack of a row (or chunk) before converting
+// any, then convert every pack and overwrite the padding ones (raw packs start zeroed). With
+// the conversion inside each pack's bounds test, nvcc 13 branched around the bfloat16 ones
+// instead of predicating them, and each load waited for the one before: half the bytes in
+// flight, 3636 GB/s against float16's 4220 on the same block kernel (H200, 8192 columns).
+
 // Packs a thread of the shared-memory path stores per batch: the STORE functor's parameter
 // loads (weight and bias) of a batch go out together before its stores, so a row pays one L2
 // latency per batch instead of one per pack (the compiler may not move those loads above a
@@ -74,14 +80,22 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   // past the end are masked instead.
   for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
     const i64 row0 = base + group_in_warp * ROWS;
+    Pack<typename LOAD::raw_t, PACK> raw[ROWS][NPACK] = {};  // kFetchFirst
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
         const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
-        if (row0 + r < rows && col < cols) {
-          load.template load<PACK>(buf[r] + p * PACK, row0 + r, col);
-        } else {
+        if (row0 + r < rows && col < cols) raw[r][p] = load.template fetch<PACK>(row0 + r, col);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
+        load.template convert<PACK>(raw[r][p], buf[r] + p * PACK, row0 + r, col);
+        if (row0 + r >= rows || col >= cols) {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
         }
@@ -129,6 +143,17 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   }
 }
 
+// Resident blocks per SM the block-register kernels are compiled for: the second argument of
+// their __launch_bounds__(512, n), which caps registers at 65536 / (512 n). Rows held in full
+// 16-byte packs, at most 16 values a thread, take FULL (each kernel's largest count that
+// compiles without spills on sm_80 and sm_90 with nvcc 13, tests/test_nvcc.py); others stay
+// at 1. Without the cap nvcc gave the float16 8192-column softmax 32 registers and NVRTC 34,
+// one resident block fewer: ncu on H200, 71% occupancy against the Triton peer's 95% with the
+// same loads and reductions.
+__host__ __device__ constexpr int block_min_blocks(int pack_bytes, int cols, int full) {
+  return pack_bytes == 16 && cols <= 16 ? full : 1;
+}
+
 // ---------------------------------------------------------------------------------------
 // Block-register path: the row lives in the registers of a whole block (COLS values per
 // thread, packs strided by blockDim.x), as the warp path keeps it in one warp's; the two
@@ -146,12 +171,17 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
   __shared__ A scratch2[33];
   C buf[COLS];
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    Pack<typename LOAD::raw_t, PACK> raw[NPACK] = {};  // kFetchFirst
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
       const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
-      if (col < cols) {
-        load.template load<PACK>(buf + p * PACK, row, col);
-      } else {
+      if (col < cols) raw[p] = load.template fetch<PACK>(row, col);
+    }
+#pragma unroll
+    for (int p = 0; p < NPACK; ++p) {
+      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
+      load.template convert<PACK>(raw[p], buf + p * PACK, row, col);
+      if (col >= cols) {
 #pragma unroll
         for (int i = 0; i < PACK; ++i) buf[p * PACK + i] = OP::pad();
       }
@@ -319,11 +349,16 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
     st.init();
     for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
       C v[kUnroll][PACK];
+      Pack<typename LOAD::raw_t, PACK> raw[kUnroll] = {};  // kFetchFirst
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (p0 + u * step < pack_end) raw[u] = load.template fetch<PACK>(row, (p0 + u * step) * PACK);
+      }
       int nvalid = 0;  // the valid packs of a chunk are a prefix of it
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        load.template convert<PACK>(raw[u], v[u], row, (p0 + u * step) * PACK);
         if (p0 + u * step < pack_end) {
-          load.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
           nvalid += PACK;
         } else {
 #pragma unroll
@@ -341,16 +376,18 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
       // functors with kBatchParams only).
       constexpr bool kBatch = STORE::kBatchParams;
       typename STORE::template Params<PACK> prm[kBatch ? kUnroll : 1];
+      Pack<typename LOAD::raw_t, PACK> raw[kUnroll];  // kFetchFirst
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (p0 + u * step < pack_end) {
-          load2.template load<PACK>(v[u], row, (p0 + u * step) * PACK);
+          raw[u] = load2.template fetch<PACK>(row, (p0 + u * step) * PACK);
           if constexpr (kBatch) prm[u] = store.template params<PACK>((p0 + u * step) * PACK);
         }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (p0 + u * step < pack_end) {
+          load2.template convert<PACK>(raw[u], v[u], row, (p0 + u * step) * PACK);
 #pragma unroll
           for (int i = 0; i < PACK; ++i) v[u][i] = fin(v[u][i]);
           if constexpr (kBatch) {
