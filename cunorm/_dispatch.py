@@ -64,6 +64,14 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
+# Softmax rows up to these also stay in registers when the block pads them by at most an
+# eighth and holds at most BLOCK_TARGET_VALUES a thread: in full 16-byte packs that kernel is
+# compiled for 4 (16-bit) or 3 (float) resident 512-thread blocks (rows.cuh block_min_blocks).
+# H200, 8192 cols, one run (tools/gpu_profile.py gaps): float16 4191 GB/s in registers against
+# 3967 in shared memory, bfloat16 4191 / 3834, float32 4191 / 3958 (Triton 4197, 4199, 4168).
+# Padded rows lost: float32 5120 cols (512 threads x 12 values) ran at 3839 in a bench run,
+# 3925 in shared memory.
+BLOCK_UNPADDED_MAX_COLS = {2: 8192, 4: 8192, 8: 0}
 # The norms' own limits (H200, layer_norm with weight and bias, every path forced on the same
 # rows: tools/gpu_profile.py norms): float16 4096 ran at 3032 GB/s in registers and 3785 in shared
 # memory (2048: 3417 vs 3168), float32 8192 at 4006 in registers and 2762 in shared memory.
@@ -390,7 +398,10 @@ def _choose_row_path(family: str, src: str, cols: int, pack: int, cbytes: int,
     if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family) is not None:
         return "warp"
     block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
-    if cols <= block_max and block_config(cols, pack, cbytes, family) is not None:
+    bcfg = block_config(cols, pack, cbytes, family)
+    if bcfg is not None and (cols <= block_max or (
+            family == "softmax" and cols <= BLOCK_UNPADDED_MAX_COLS[isz]
+            and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
         return "block"
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:
@@ -419,14 +430,17 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
         path = "cluster" if want_cluster else "smem"
         raise ValueError(f"path {path!r} cannot cache cols={cols} of {src} in shared memory")
     cluster, smem = cfg
-    # Occupancy is asked of the cluster-free kernel: same registers and shared memory per block.
-    base_name = f"cunorm::{family}_smem<{head}, {pack}>"
-    block, per_sm = pick_block(base_name, smem, occ)
+    name = (f"cunorm::{family}_smem<{head}, {pack}>" if cluster == 1 else
+            f"cunorm::{family}_smem_cluster<{head}, {pack}, {cluster}>")
+    # Occupancy is asked of the kernel that runs. A cluster kernel may need more registers than
+    # the cluster-free one (nvcc 13, sm_90: bfloat16 softmax with 8-element packs, 40 alone and
+    # 54 in a cluster of 8), and a block size sized for the smaller count left 64 KB slices
+    # at 2 resident blocks per SM instead of 3.
+    block, per_sm = pick_block(name, smem, occ)
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
     if cluster == 1:
-        return LaunchPlan("smem", base_name, min(rows, MAX_GRID), block, smem)
-    name = f"cunorm::{family}_smem_cluster<{head}, {pack}, {cluster}>"
+        return LaunchPlan("smem", name, min(rows, MAX_GRID), block, smem)
     return LaunchPlan("cluster", name, min(rows, MAX_GRID // cluster) * cluster, block, smem)
 
 

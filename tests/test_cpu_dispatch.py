@@ -309,6 +309,31 @@ def test_block_path_between_warp_and_block_limits(src: str, dst: str,
                 assert plan.path in ("smem", "cluster", "uncached"), (cols, plan)
 
 
+def _register_max(isz: int) -> int:
+    """Longest softmax row a register path may take."""
+    return max(d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz], d.BLOCK_UNPADDED_MAX_COLS[isz])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_block_path_unpadded_rows_up_to_8192(dtype: str) -> None:
+    """Past BLOCK_MAX_COLS softmax keeps a row in registers only when the block pads it by at
+    most an eighth with at most BLOCK_TARGET_VALUES a thread (the kernels compiled for several
+    resident blocks); the norms keep their own limits."""
+    isz = ITEMSIZE[dtype]
+    plan = rows_plan(8192, dtype)
+    assert plan.path == "block" and plan.block == 512 and block_args(plan)[1] == 16, plan
+    for cols in range(d.BLOCK_MAX_COLS[isz] + 1, d.BLOCK_UNPADDED_MAX_COLS[isz] + 64, 61):
+        plan = rows_plan(cols, dtype)
+        cfg = d.block_config(cols, 16 // isz if cols % (16 // isz) == 0 else 1, 4)
+        unpadded = (cfg is not None and cfg[1] <= d.BLOCK_TARGET_VALUES
+                    and cfg[0] * cfg[1] - cols <= cols // 8)
+        want = "block" if cols <= d.BLOCK_UNPADDED_MAX_COLS[isz] and unpadded else "smem"
+        assert plan.path == want, (cols, plan)
+    assert rows_plan(5120, dtype).path == "smem"  # 512 x 16 or 256 x 24 would pad 20%
+    assert rows_plan(8192, dtype, op="layer_norm").path == (
+        "block" if 8192 <= d.NORM_BLOCK_MAX_COLS[isz] else "smem")
+
+
 # --- block shared memory and clusters -----------------------------------------------------
 def _cluster_of(plan: d.LaunchPlan) -> int:
     """Blocks per row of an smem / cluster / uncached plan."""
@@ -340,7 +365,7 @@ def _check_cached_plan(plan: d.LaunchPlan, cols: int, src: str, props: DevicePro
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_smem_above_register_paths(src: str, dst: str) -> None:
     isz = ITEMSIZE[src]
-    cols = 2 * max(d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz])
+    cols = 2 * _register_max(isz)
     plan = rows_plan(cols, src, dst, rows=50)
     isz_pack = max(ITEMSIZE[src], ITEMSIZE[dst])
     assert plan.path == "smem"
@@ -350,13 +375,14 @@ def test_smem_above_register_paths(src: str, dst: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cols", "block"),
-    # float32 rows of 20 KB, 40 KB, 80 KB: 11, 5, 2 resident blocks of 128 threads
-    [(5000, 128), (10000, 256), (20000, 512)],
+    ("dtype", "cols", "block"),
+    # rows of 24 KB, 40 KB, 80 KB: 9, 5, 2 resident blocks of 128 threads
+    [("float64", 3000, 128), ("float32", 10000, 256), ("float32", 20000, 512)],
 )
-def test_smem_block_from_occupancy(cols: int, block: int) -> None:
-    plan = rows_plan(cols, rows=10**6)
-    assert (plan.path, plan.block, plan.smem, plan.grid) == ("smem", block, 4 * cols, 10**6)
+def test_smem_block_from_occupancy(dtype: str, cols: int, block: int) -> None:
+    plan = rows_plan(cols, dtype, rows=10**6)
+    assert (plan.path, plan.block, plan.smem, plan.grid) == (
+        "smem", block, ITEMSIZE[dtype] * cols, 10**6)
 
 
 def expected_cluster(cols: int, pack: int, isz: int, cap: int) -> int | None:
@@ -403,7 +429,7 @@ def test_no_clusters_single_block_up_to_optin_then_uncached(src: str, dst: str,
                                                             props: DeviceProps) -> None:
     isz = ITEMSIZE[src]
     last = smem_capacity(props) // isz
-    registers = last <= max(d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz])
+    registers = last <= _register_max(isz)
     plan = rows_plan(last, src, dst, props=props, align=1, rows=5,
                      force="smem" if registers else None)
     assert plan.path == "smem"
@@ -420,7 +446,7 @@ def test_no_clusters_single_block_up_to_optin_then_uncached(src: str, dst: str,
 def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DeviceProps) -> None:
     isz = ITEMSIZE[src]
     cap = smem_capacity(props)
-    start = max(d.WARP_MAX_COLS[isz], d.BLOCK_MAX_COLS[isz]) + 1
+    start = _register_max(isz) + 1
     for cols in range(start, 2**20, 1009):
         for align in (1, 16):
             plan = rows_plan(cols, src, dst, props=props, align=align, rows=3)
@@ -441,7 +467,7 @@ def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DevicePr
 
 
 def test_small_device_long_rows_uncached() -> None:
-    for cols in (4097, 5000, 10**5):
+    for cols in (8193, 10**4, 10**5):
         assert rows_plan(cols, props=SMALL_80).path == "uncached"
     assert rows_plan(3840, props=SMALL_80, force="smem").path == "smem"
     with pytest.raises(ValueError, match="smem.*cannot cache"):
@@ -481,6 +507,24 @@ def test_cluster_grid_is_one_cluster_per_row() -> None:
     assert rows_plan(cols, rows=2**40).grid == d.MAX_GRID // 4 * 4
 
 
+def test_cluster_block_size_from_the_cluster_kernel() -> None:
+    """The block size of a cluster plan comes from the occupancy of the cluster kernel, not
+    the cluster-free one: here the cluster kernel keeps 3 blocks of 64 KB per SM only at 256
+    threads (register-limited at 512), while the cluster-free one would allow 512."""
+    cols = 8 * d.SMEM_SLICE_MAX_BYTES // 2  # bfloat16: eight 64 KB slices
+
+    def occ(kernel: str, block: int, smem: int) -> int:
+        by_smem = H100.smem_per_sm // smem
+        if "_cluster<" in kernel:  # 56 registers a thread
+            return min(by_smem, 65536 // (56 * block))
+        return min(by_smem, 65536 // (40 * block))
+
+    plan = rows_plan(cols, "bfloat16", rows=64, occ=occ)
+    assert plan.path == "cluster" and _cluster_of(plan) == 8, plan
+    assert plan.smem == d.SMEM_SLICE_MAX_BYTES and plan.block == 256, plan
+    assert d.pick_block(plan.kernel, plan.smem, occ) == (256, 3)
+
+
 def test_cluster_never_chosen_without_clusters() -> None:
     for props in (A100, SMALL_80):
         for cols in range(1000, 2_000_000, 9973):
@@ -502,7 +546,7 @@ def test_forced_cluster_too_long_raises() -> None:
 def test_cluster_on_small_sm90_device() -> None:
     """16 KB of shared memory: slices up to 15 KB."""
     assert rows_plan(1500, "float64", props=SMALL_90).path == "smem"  # 12 KB: one block
-    plan = rows_plan(4100, props=SMALL_90, rows=5)  # 16.4 KB: 2 slices of ~8 KB
+    plan = rows_plan(2050, "float64", props=SMALL_90, rows=5)  # 16.4 KB: 2 slices of ~8 KB
     assert (plan.path, _cluster_of(plan), plan.smem, plan.grid) == ("cluster", 2, 8208, 10)
     plan = rows_plan(20000, props=SMALL_90)  # 80 KB of float32: 8 slices of 10 KB
     assert (_cluster_of(plan), plan.smem) == (8, 10000)
@@ -971,7 +1015,7 @@ def test_norms_have_no_strided_path() -> None:
 
 
 @pytest.mark.parametrize(("op", "src", "cols", "path"), [
-    ("layer_norm", "float32", 8192, "block"), ("softmax", "float32", 8192, "smem"),
+    ("layer_norm", "float32", 8192, "block"), ("softmax", "float32", 12288, "smem"),
     ("rms_norm", "float16", 3000, "block"), ("layer_norm", "float16", 4096, "smem"),
     ("softmax", "float16", 4096, "block"), ("layer_norm", "bfloat16", 3072, "block"),
 ])
