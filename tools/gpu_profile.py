@@ -173,11 +173,14 @@ def norm_kernels() -> None:
 # Cells where the row paths trail a peer or the copy bandwidth (bench summary): each shape on
 # the default path and on every other path that can take it, next to the Triton peer. The
 # block path is also tried past its dispatcher limits (values per thread up to 32).
-GAP_CASES = [("softmax", "float16", 1024, 49152), ("softmax", "float16", 8192, 49152),
-             ("softmax", "bfloat16", 8192, 49152), ("softmax", "float32", 8192, 49152),
-             ("softmax", "float16", 16384, 24576), ("softmax", "float32", 16384, 24576),
-             ("softmax", "float32", 32768, 6144), ("softmax", "bfloat16", 65536, 3072),
-             ("layer_norm", "float16", 8192, 49152), ("layer_norm", "float32", 16384, 24576)]
+GAP_CASES = [("softmax", "float16", 8192, 49152), ("softmax", "bfloat16", 8192, 49152),
+             ("softmax", "float16", 1024, 49152), ("softmax", "float16", 4096, 49152),
+             ("softmax", "float32", 4096, 49152), ("softmax", "float32", 8192, 49152),
+             ("softmax", "float16", 5120, 49152), ("softmax", "float16", 16384, 24576),
+             ("softmax", "float32", 16384, 24576), ("layer_norm", "float16", 2048, 49152),
+             ("layer_norm", "float16", 4096, 49152), ("layer_norm", "float16", 8192, 49152),
+             ("layer_norm", "bfloat16", 8192, 49152), ("layer_norm", "float32", 8192, 49152),
+             ("layer_norm", "float32", 16384, 24576), ("layer_norm", "float16", 16384, 24576)]
 GAP_PATHS = (None, "warp", "block", "smem", "cluster")
 
 
@@ -189,6 +192,7 @@ def _gap_calls():
     from cunorm.bench import triton_kernels
 
     _dispatch.BLOCK_MAX_VALUES = {4: 32, 8: 16}
+    _dispatch.NORM_BLOCK_MAX_VALUES_SCALAR = {4: 32, 8: 16}
     calls = []
     for op, dt, cols, rows in GAP_CASES:
         x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
@@ -224,12 +228,25 @@ def _gap_calls():
 
 
 def gaps() -> None:
-    """GB/s (L2 flushed, median) of each GAP_CASES shape on each path and of its Triton peer."""
+    """GB/s (L2 flushed, median) of each GAP_CASES shape on each path and of its Triton peer,
+    with the registers and local memory of the kernel each cunorm call launched (NVRTC's
+    build, which can differ from nvcc's)."""
     from triton.testing import do_bench
 
+    softmax, norm = sys.modules["cunorm.softmax"], sys.modules["cunorm.norm"]
     for label, fn, nbytes in _gap_calls():
         ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
-        print(f"{label:48s} {2 * nbytes / ms / 1e6:6.0f} GB/s")
+        line = f"{label:48s} {2 * nbytes / ms / 1e6:6.0f} GB/s"
+        if not label.endswith("triton"):
+            plans = (softmax if label.startswith("softmax") else norm)._PLANS
+            softmax._PLANS.clear()
+            norm._PLANS.clear()
+            fn()
+            entry = next(iter(plans.values()))
+            kern = next(e for e in entry if isinstance(e, cupy.RawKernel))
+            line += (f"  {kern.name.split('<')[0][8:]} regs={kern.num_regs} "
+                     f"local={kern.local_size_bytes}")
+        print(line, flush=True)
 
 
 def gap_kernels() -> None:
@@ -295,6 +312,151 @@ def store_batch() -> None:
     _kernels.compile_options = base_options
     _kernels._KERNELS.clear()
     norm._PLANS.clear()
+
+
+# Long rows (512 KB and more) on the default plan and on a non-portable cluster of 16 blocks
+# (sm_90 allows 16 with cudaFuncAttributeNonPortableClusterSizeAllowed), to see whether
+# smaller slices per block beat the portable cluster of 8.
+LONG_ROW_CASES = [("float16", 262144, 768), ("bfloat16", 262144, 768),
+                  ("float32", 131072, 1536), ("float32", 262144, 768),
+                  ("bfloat16", 131072, 1536), ("float32", 65536, 3072)]
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
+
+
+def long_rows() -> None:
+    """GB/s of softmax on LONG_ROW_CASES: the dispatcher's plan, then clusters of 16 (shared
+    memory and uncached), each with the block size pick_block gives it."""
+    from triton.testing import do_bench
+
+    from cunorm import _dispatch, _kernels
+    from cunorm._device import device_props
+    from cunorm._dispatch import CTYPE, pick_block
+
+    props = device_props(0)
+    plans = cunorm.softmax.__globals__["_PLANS"]
+    warm = cupy.ones((4096, 4096), dtype=np.float32)  # the first timing of a process runs slow
+    do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
+    for dt, cols, rows in LONG_ROW_CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        y = cupy.empty_like(x)
+        plans.clear()
+        cunorm.softmax(x, out=y)
+        plan = next(iter(plans.values()))[0]
+        ref = y.copy()
+        ms = do_bench(functools.partial(cunorm.softmax, x, out=y), warmup=10, rep=50,
+                      return_mode="median")
+        line = (f"{dt} ({rows}, {cols}) default {2 * x.nbytes / ms / 1e6:5.0f} GB/s "
+                f"[{plan.kernel.split('<')[0][8:]} block={plan.block} smem={plan.smem}]")
+        pack = 16 // x.itemsize
+        head = f"{CTYPE[dt]}, {CTYPE[dt]}, false, {pack}"
+        for path in ("smem", "uncached"):
+            name = f"cunorm::softmax_{path}_cluster<{head}, 16>"
+            smem = _dispatch._cdiv(cols // pack, 16) * pack * x.itemsize if path == "smem" else 0
+            kern = _kernels.get_kernel(0, props.arch, "softmax.cu", name,
+                                       smem_optin=props.smem_per_block_optin)
+            cupy.cuda.driver.funcSetAttribute(kern.kernel.ptr,
+                                              _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+            if path == "smem":
+                block, per_sm = pick_block(name, smem, lambda k, b, s, kern=kern:
+                                           _kernels.occupancy(kern, b, s))
+            else:
+                block, per_sm = _dispatch.UNCACHED_BLOCK, 1
+            args = (x, y, np.int64(rows), np.int64(cols), np.int64(cols), np.int64(cols))
+
+            def launch(kern=kern, grid=rows * 16, block=block, smem=smem, args=args):
+                kern((grid,), (block,), args, shared_mem=smem)
+            try:
+                y.fill(float("nan"))
+                launch()
+                cupy.cuda.Device().synchronize()
+                err = float(cupy.abs(y.astype(np.float32) - ref.astype(np.float32)).max())
+                ms = do_bench(launch, warmup=10, rep=50, return_mode="median")
+                line += (f" | {path}16 {2 * x.nbytes / ms / 1e6:5.0f} GB/s block={block} "
+                         f"per_sm={per_sm} max|diff|={err:.1e}")
+            except cupy.cuda.driver.CUDADriverError as exc:
+                line += f" | {path}16 failed: {exc}"
+        print(line, flush=True)
+        del x, y, ref
+
+
+PLACEMENT_CASES = [("float16", 8192, 49152), ("bfloat16", 8192, 49152),
+                   ("float32", 16384, 24576), ("float16", 1024, 49152)]
+
+
+def placement() -> None:
+    """GB/s of softmax by where the output lies: cunorm and the Triton peer, each writing into
+    a CuPy-pool buffer, a torch-allocated one and CuPy buffers at a few offsets; and a plain
+    device-to-device copy of x into each. Tells a kernel gap from an address-mapping one."""
+    import torch
+    from triton.testing import do_bench
+
+    from cunorm.bench import triton_kernels
+
+    def gbps(fn, nbytes):
+        fn()
+        ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+        return f"{2 * nbytes / ms / 1e6:5.0f}"
+
+    warm = cupy.ones((4096, 4096), dtype=np.float32)
+    do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
+    for dt, cols, rows in PLACEMENT_CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        tx = torch.from_dlpack(x)
+        n = x.nbytes
+        outs = {"cupy": cupy.empty_like(x), "torch": cupy.from_dlpack(torch.empty_like(tx))}
+        big = cupy.empty(n + (4 << 20), dtype=np.uint8)
+        for off in (4096, 65536, 1 << 20, 3 << 20):
+            outs[f"cupy+{off >> 10}K"] = big[off:off + n].view(x.dtype).reshape(x.shape)
+        block = triton.next_power_of_2(cols) if (triton := _triton()) else 0
+        print(f"{dt} ({rows}, {cols}): x at {x.data.ptr:#x}", flush=True)
+        for name, y in outs.items():
+            ty = torch.from_dlpack(y)
+            line = f"  out={name:10s} y-x={(y.data.ptr - x.data.ptr) / 2**20:+10.2f} MiB"
+            line += f"  cunorm {gbps(functools.partial(cunorm.softmax, x, out=y), n)}"
+            if block:
+                def peer(ty=ty, tx=tx, rows=rows, cols=cols, block=block):
+                    triton_kernels._softmax_kernel[(rows,)](
+                        ty, tx, tx.stride(0), ty.stride(0), cols, BLOCK=block, LOG=False,
+                        num_warps=triton_kernels.num_warps(block))
+                line += f"  triton {gbps(peer, n)}"
+            line += f"  copy {gbps(functools.partial(ty.copy_, tx), n)}"
+            print(line + " GB/s", flush=True)
+        del outs, big
+
+
+def peer_kernels() -> None:
+    """One launch each (for ncu) of softmax float16 (49152, 8192) on the smem and block paths
+    and its Triton peer, then layer_norm float16 (49152, 8192) and its Triton peer."""
+    import torch
+
+    from cunorm import _dispatch
+    from cunorm.bench import triton_kernels
+
+    x, w, b = _norm_inputs("float16", 8192)
+    tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
+    calls = []
+    for path in ("smem", "block"):
+        def forced(path=path):
+            with _dispatch.force_path(path):
+                cunorm.softmax(x)
+        calls.append(forced)
+    calls += [functools.partial(triton_kernels.softmax, tx),
+              functools.partial(cunorm.layer_norm, x, w, b),
+              functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5)]
+    for fn in calls:  # compile outside the profiled launches
+        fn()
+    torch.cuda.synchronize()
+    for fn in calls:
+        fn()
+        torch.cuda.synchronize()
+
+
+def _triton():
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton
 
 
 def attention() -> None:
@@ -456,4 +618,5 @@ if __name__ == "__main__":
      "attention-overhead": attention_overhead, "launch-cost": launch_cost,
      "decode-kernels": decode_kernels, "decode": decode,
      "gaps": gaps, "gap-kernels": gap_kernels,
-     "store-batch": store_batch}[sys.argv[1]]()
+     "store-batch": store_batch, "long-rows": long_rows,
+     "placement": placement, "peer-kernels": peer_kernels}[sys.argv[1]]()
