@@ -254,9 +254,6 @@ template <typename SRC, typename C> struct DirectLoad {
 #pragma unroll
     for (int i = 0; i < N; ++i) dst[i] = to_compute<C>(p.v[i]);
   }
-  template <int N> __device__ __forceinline__ void load(C* dst, i64 row, i64 col) const {
-    convert<N>(fetch<N>(row, col), dst, row, col);
-  }
   // Start moving the raw pack at (row, col) into shared memory (cp.async: wait before use).
   template <int N> __device__ __forceinline__ void fill(Pack<SRC, N>* dst, i64 row, i64 col) const;
   // The functor for a second read of the row (the uncached paths): the same one.
@@ -313,9 +310,6 @@ template <typename SRC, typename C> struct ResidualLoad {
   template <int N>
   __device__ __forceinline__ void convert(const Pack<SRC, N>& p, C* dst, i64 row, i64 col) const {
     x.template convert<N>(p, dst, row, col);
-  }
-  template <int N> __device__ __forceinline__ void load(C* dst, i64 row, i64 col) const {
-    convert<N>(fetch<N>(row, col), dst, row, col);
   }
   // Through registers: the sum must be formed before it can be cached.
   template <int N> __device__ __forceinline__ void fill(Pack<SRC, N>* dst, i64 row, i64 col) const {
