@@ -119,10 +119,23 @@ __global__ void __launch_bounds__(128, 4) norm_warp(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>));
 }
 
-// 40 registers for 16-bit rows in full packs of at most 16 values a thread, 64 for float ones
+// Resident 512-thread blocks the block kernels are compiled for, rows in full packs of at most
+// 16 values a thread (rows.cuh block_min_blocks): 4 for 16-bit rows (32 registers), 2 for
+// float32 (64). H200, weight and bias, one run each (tools/gpu_profile.py norm-variants):
+// from 3 to 4 blocks float16 layer_norm 8192 cols 3432 -> 3742 GB/s, bfloat16 3499 -> 3595,
+// float16 rms_norm 3885 -> 4141; 2 blocks for 16-bit rows lost 8-23%, and 3 for float32 rows
+// won 2% at 8192 cols and lost 3% at 4096 (spilling 8 bytes).
+// CUNORM_NORM_BLOCKS16 / CUNORM_NORM_BLOCKS32 override the counts for measurement.
+#ifndef CUNORM_NORM_BLOCKS16
+#define CUNORM_NORM_BLOCKS16 4
+#endif
+#ifndef CUNORM_NORM_BLOCKS32
+#define CUNORM_NORM_BLOCKS32 2
+#endif
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
 __global__ void __launch_bounds__(
-    512, block_min_blocks(PACK * sizeof(SRC), COLS, sizeof(SRC) == 2 ? 3 : sizeof(SRC) == 4 ? 2 : 1))
+    512, block_min_blocks(PACK * sizeof(SRC), COLS,
+                          sizeof(SRC) == 2 ? CUNORM_NORM_BLOCKS16 : sizeof(SRC) == 4 ? CUNORM_NORM_BLOCKS32 : 1))
     norm_block(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_block<PACK, COLS>));
 }

@@ -170,18 +170,25 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
   __shared__ S1 scratch1[33];
   __shared__ A scratch2[33];
   C buf[COLS];
+  // Column of pack p. A row here has at most 512 * COLS columns, so 32-bit indices do: 64-bit
+  // ones took the register that kept the 16-bit norms under 32 (4 resident blocks), and with
+  // signed ones nvcc 13 spilled 4 bytes of 16-bit log_softmax on sm_80 (and of rms_norm).
+  const unsigned ncols = static_cast<unsigned>(cols);
+  const auto pack_col = [](int p) {
+    return (p * blockDim.x + threadIdx.x) * PACK;
+  };
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     Pack<typename LOAD::raw_t, PACK> raw[NPACK] = {};  // kFetchFirst
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
-      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
-      if (col < cols) raw[p] = load.template fetch<PACK>(row, col);
+      const unsigned col = pack_col(p);
+      if (col < ncols) raw[p] = load.template fetch<PACK>(row, col);
     }
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
-      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
+      const unsigned col = pack_col(p);
       load.template convert<PACK>(raw[p], buf + p * PACK, row, col);
-      if (col >= cols) {
+      if (col >= ncols) {
 #pragma unroll
         for (int i = 0; i < PACK; ++i) buf[p * PACK + i] = OP::pad();
       }
@@ -196,8 +203,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     A s2 = A{};
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
-      const bool valid =
-          OP::kPadSafe || (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK < cols;
+      const bool valid = OP::kPadSafe || pack_col(p) < ncols;
 #pragma unroll
       for (int i = 0; i < PACK; ++i) {
         const A t = op.second(buf[p * PACK + i], s1);
@@ -211,8 +217,8 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     for (int i = 0; i < COLS; ++i) buf[i] = fin.kept(buf[i]);
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
-      const i64 col = (static_cast<i64>(p) * blockDim.x + threadIdx.x) * PACK;
-      if (col < cols) store.template store<PACK>(buf + p * PACK, row, col);
+      const unsigned col = pack_col(p);
+      if (col < ncols) store.template store<PACK>(buf + p * PACK, row, col);
     }
   }
 }

@@ -64,17 +64,20 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
-# Softmax rows up to these also stay in registers when the block pads them by at most an
-# eighth and holds at most BLOCK_TARGET_VALUES a thread: in full 16-byte packs that kernel is
-# compiled for 4 (16-bit) or 3 (float) resident 512-thread blocks (rows.cuh block_min_blocks).
-# H200, 8192 cols, one run (tools/gpu_profile.py gaps): float16 4191 GB/s in registers against
-# 3967 in shared memory, bfloat16 4191 / 3834, float32 4191 / 3958 (Triton 4197, 4199, 4168).
-# Padded rows lost: float32 5120 cols (512 threads x 12 values) ran at 3839 in a bench run,
-# 3925 in shared memory.
+# Rows up to these (every op) also stay in registers when the block pads them by at most an
+# eighth and holds at most BLOCK_TARGET_VALUES a thread: in full 16-byte packs those kernels are
+# compiled for 3-4 resident 512-thread blocks (rows.cuh block_min_blocks). H200, 8192 cols,
+# one run each (tools/gpu_profile.py gaps, norm-variants): softmax float16 4191 GB/s in
+# registers against 3967 in shared memory, bfloat16 4191 / 3834, float32 4191 / 3958 (Triton
+# 4197, 4199, 4168); layer_norm (weight and bias) float16 3742 / 3382, bfloat16 3595 / 3246,
+# rms_norm float16 3876 / 3838; at 4096 cols layer_norm bfloat16 3572 / 3329, float16 3727 /
+# 3742. Padded rows lost: float32 5120 cols (512 threads x 12 values) ran at 3839 in a bench
+# run, 3925 in shared memory; layer_norm float16 5120 at 3127 against 3846.
 BLOCK_UNPADDED_MAX_COLS = {2: 8192, 4: 8192, 8: 0}
-# The norms' own limits (H200, layer_norm with weight and bias, every path forced on the same
-# rows: tools/gpu_profile.py norms): float16 4096 ran at 3032 GB/s in registers and 3785 in shared
-# memory (2048: 3417 vs 3168), float32 8192 at 4006 in registers and 2762 in shared memory.
+# The norms' own limits for any row (H200, layer_norm with weight and bias, every path forced on
+# the same rows: tools/gpu_profile.py norms): float16 4096 ran at 3032 GB/s in registers and 3785
+# in shared memory (2048: 3417 vs 3168), float32 8192 at 4006 in registers and 2762 in shared
+# memory.
 NORM_BLOCK_MAX_COLS = {2: 3072, 4: 8192, 8: 0}
 BLOCK_TARGET_VALUES = 16
 BLOCK_THREADS = (128, 256, 512)
@@ -328,7 +331,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
     >>> plan_rows("softmax", "float32", "float32", 4096, 512, 4, h100,
     ...           lambda k, b, s: 2048 // b).path
     'warp'
-    >>> plan_rows("layer_norm", "float16", "float16", 4096, 8192, 8, h100,
+    >>> plan_rows("layer_norm", "float16", "float16", 4096, 16384, 8, h100,
     ...           lambda k, b, s: 2048 // b).kernel
     'cunorm::norm_smem<cunorm::half_t, false, false, 8>'
     """
@@ -400,8 +403,8 @@ def _choose_row_path(family: str, src: str, cols: int, pack: int, cbytes: int,
     block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
     bcfg = block_config(cols, pack, cbytes, family)
     if bcfg is not None and (cols <= block_max or (
-            family == "softmax" and cols <= BLOCK_UNPADDED_MAX_COLS[isz]
-            and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
+            cols <= BLOCK_UNPADDED_MAX_COLS[isz] and bcfg[1] <= BLOCK_TARGET_VALUES
+            and bcfg[0] * bcfg[1] - cols <= cols // 8)):
         return "block"
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:

@@ -318,7 +318,7 @@ def _register_max(isz: int) -> int:
 def test_block_path_unpadded_rows_up_to_8192(dtype: str) -> None:
     """Past BLOCK_MAX_COLS softmax keeps a row in registers only when the block pads it by at
     most an eighth with at most BLOCK_TARGET_VALUES a thread (the kernels compiled for several
-    resident blocks); the norms keep their own limits."""
+    resident blocks), and so do the norms."""
     isz = ITEMSIZE[dtype]
     plan = rows_plan(8192, dtype)
     assert plan.path == "block" and plan.block == 512 and block_args(plan)[1] == 16, plan
@@ -330,8 +330,10 @@ def test_block_path_unpadded_rows_up_to_8192(dtype: str) -> None:
         want = "block" if cols <= d.BLOCK_UNPADDED_MAX_COLS[isz] and unpadded else "smem"
         assert plan.path == want, (cols, plan)
     assert rows_plan(5120, dtype).path == "smem"  # 512 x 16 or 256 x 24 would pad 20%
-    assert rows_plan(8192, dtype, op="layer_norm").path == (
-        "block" if 8192 <= d.NORM_BLOCK_MAX_COLS[isz] else "smem")
+    for op in ("layer_norm", "rms_norm"):  # the same rule for the norms
+        assert rows_plan(8192, dtype, op=op).path == "block"
+        if 5120 > d.NORM_BLOCK_MAX_COLS[isz]:  # float32 norms take any row up to 8192
+            assert rows_plan(5120, dtype, op=op).path == "smem"
 
 
 # --- block shared memory and clusters -----------------------------------------------------
@@ -1016,7 +1018,7 @@ def test_norms_have_no_strided_path() -> None:
 
 @pytest.mark.parametrize(("op", "src", "cols", "path"), [
     ("layer_norm", "float32", 8192, "block"), ("softmax", "float32", 12288, "smem"),
-    ("rms_norm", "float16", 3000, "block"), ("layer_norm", "float16", 4096, "smem"),
+    ("rms_norm", "float16", 3000, "block"), ("layer_norm", "float16", 5120, "smem"),
     ("softmax", "float16", 4096, "block"), ("layer_norm", "bfloat16", 3072, "block"),
 ])
 def test_norm_block_limits(op: str, src: str, cols: int, path: str) -> None:
