@@ -8,7 +8,8 @@ of the short-row norm and softmax kernels for comparison; ``python tools/gpu_pro
 compares attention with torch's FlashAttention-2 backend and ``ncu ... python tools/gpu_profile.py
 attention-kernels`` runs one bf16 forward per head dim; ``decode-kernels`` one decoding call
 per KV length (for ncu); ``attention-overhead`` gives the host and GPU time of a decoding call
-with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list.
+with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list;
+``norm-variants`` times the norms' block kernels built with other resident-block counts.
 """
 
 from __future__ import annotations
@@ -271,47 +272,118 @@ STORE_BATCH_CASES = [
     ("rms_norm", "float32", 512, 49152)]
 
 
-def store_batch() -> None:
-    """GB/s of the norms with the affine parameter loads batched by 0 (one pack at a time), 64
-    and 128 bytes (rows.cuh CUNORM_STORE_BATCH_BYTES), next to the Triton peer."""
+def _affine_case(op: str, dt: str, rows: int, cols: int):
+    """Random (rows, cols) input of ``dt`` with a weight (and a bias for layer_norm), an output
+    buffer, and the cunorm function with its positional arguments."""
+    x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+    if op == "layer_norm":
+        b = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+        return cupy.empty_like(x), cunorm.layer_norm, (x, w, b)
+    return cupy.empty_like(x), cunorm.rms_norm, (x, w)
+
+
+def _triton_norm_gbps(op: str, args: tuple) -> float | None:
+    """GB/s of the Triton norm peer on cunorm's arguments, None past its longest row."""
     import torch
     from triton.testing import do_bench
 
-    from cunorm import _kernels, norm
     from cunorm.bench import triton_kernels
 
-    base_options = _kernels.compile_options
-    warm = cupy.ones((4096, 4096), dtype=np.float32)  # the first timing of a process runs slow
+    x = args[0]
+    if x.shape[-1] > triton_kernels.MAX_COLS:
+        return None
+    tx, tw = torch.from_dlpack(x), torch.from_dlpack(args[1])
+    tb = torch.from_dlpack(args[2]) if len(args) > 2 else None
+    peer = functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5, op == "rms_norm")
+    return 2 * x.nbytes / do_bench(peer, warmup=10, rep=50, return_mode="median") / 1e6
+
+
+def _build_with(options: tuple[str, ...]) -> None:
+    """Compile kernels from now on with these NVRTC options added (empty: as shipped), the
+    kernel and norm plan caches emptied."""
+    from cunorm import _kernels, norm
+
+    base = getattr(_kernels, "_shipped_options", _kernels.compile_options)
+    _kernels._shipped_options = base
+    _kernels.compile_options = (lambda arch, op_file="": (*base(arch, op_file), *options))
+    _kernels._KERNELS.clear()
+    norm._PLANS.clear()
+
+
+def _warm_up() -> None:
+    """The first timing of a process runs slow: time something first."""
+    from triton.testing import do_bench
+
+    warm = cupy.ones((4096, 4096), dtype=np.float32)
     do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
+
+
+def store_batch() -> None:
+    """GB/s of the norms with the affine parameter loads batched by 0 (one pack at a time), 64
+    and 128 bytes (rows.cuh CUNORM_STORE_BATCH_BYTES), next to the Triton peer."""
+    from triton.testing import do_bench
+
+    _warm_up()
     for op, dt, cols, rows in STORE_BATCH_CASES:
-        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
-        w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
-        b = (cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
-             if op == "layer_norm" else None)
-        y = cupy.empty_like(x)
-        fn = cunorm.layer_norm if op == "layer_norm" else cunorm.rms_norm
-        args = (x, w, b) if op == "layer_norm" else (x, w)
+        y, fn, args = _affine_case(op, dt, rows, cols)
         line = f"{op} {dt} ({rows}, {cols})"
         for batch in (0, 64, 128):
-            _kernels.compile_options = (lambda arch, op_file="", batch=batch: (
-                *base_options(arch, op_file), f"-DCUNORM_STORE_BATCH_BYTES={batch}"))
-            _kernels._KERNELS.clear()
-            norm._PLANS.clear()
+            _build_with((f"-DCUNORM_STORE_BATCH_BYTES={batch}",))
             fn(*args, out=y)
             ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
                           return_mode="median")
-            line += f"  batch{batch} {2 * x.nbytes / ms / 1e6:5.0f}"
-        if cols <= triton_kernels.MAX_COLS:
-            tx, tw = torch.from_dlpack(x), torch.from_dlpack(w)
-            tb = torch.from_dlpack(b) if b is not None else None
-            peer = functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5, op == "rms_norm")
-            ms = do_bench(peer, warmup=10, rep=50, return_mode="median")
-            line += f"  triton {2 * x.nbytes / ms / 1e6:5.0f}"
+            line += f"  batch{batch} {2 * y.nbytes / ms / 1e6:5.0f}"
+        peer = _triton_norm_gbps(op, args)
+        if peer is not None:
+            line += f"  triton {peer:5.0f}"
         print(line + " GB/s", flush=True)
-        del x, w, b, y
-    _kernels.compile_options = base_options
-    _kernels._KERNELS.clear()
-    norm._PLANS.clear()
+        del y, args
+    _build_with(())
+
+
+# Norm rows around the block-register path's limits, and the compile-time variants of the
+# block kernels compared on them by norm_variants (name, NVRTC options).
+NORM_VARIANT_CASES = [("layer_norm", "float16", 2048), ("layer_norm", "float16", 4096),
+                      ("layer_norm", "float16", 8192), ("layer_norm", "bfloat16", 4096),
+                      ("layer_norm", "bfloat16", 8192), ("layer_norm", "float32", 2048),
+                      ("layer_norm", "float32", 4096), ("layer_norm", "float32", 8192),
+                      ("rms_norm", "float16", 8192), ("rms_norm", "bfloat16", 4096),
+                      ("layer_norm", "float16", 5120), ("layer_norm", "float16", 3072)]
+NORM_VARIANTS = [("as-is", ()), ("16bit-3blk", ("-DCUNORM_NORM_BLOCKS16=3",)),
+                 ("16bit-4blk", ("-DCUNORM_NORM_BLOCKS16=4",)),
+                 ("32bit-3blk", ("-DCUNORM_NORM_BLOCKS32=3",))]
+
+
+def norm_variants(rows: int = 49152) -> None:
+    """GB/s of the norms (weight and bias) on NORM_VARIANT_CASES: the block-register path
+    built as each of NORM_VARIANTS, next to the default plan, the smem path and Triton, with
+    each build's registers and local memory (NVRTC)."""
+    from triton.testing import do_bench
+
+    from cunorm import _dispatch, norm
+
+    _warm_up()
+    for op, dt, cols in NORM_VARIANT_CASES:
+        y, fn, args = _affine_case(op, dt, rows, cols)
+        print(f"{op} {dt} ({rows}, {cols})", flush=True)
+        runs = [(name, opts, "block") for name, opts in NORM_VARIANTS]
+        runs += [("as-is", (), None), ("as-is", (), "smem")]
+        for name, opts, path in runs:
+            _build_with(opts)
+            with _dispatch.force_path(path):
+                fn(*args, out=y)
+                kern = next(iter(norm._PLANS.values()))[0]
+                ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                              return_mode="median")
+            print(f"  {name:14s} {path or 'default':8s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s  "
+                  f"{kern.name.split('<')[0][8:]} regs={kern.num_regs} "
+                  f"local={kern.local_size_bytes}", flush=True)
+        peer = _triton_norm_gbps(op, args)
+        if peer is not None:
+            print(f"  triton                  {peer:5.0f} GB/s", flush=True)
+        del y, args
+    _build_with(())
 
 
 # Long rows (512 KB and more) on the default plan and on a non-portable cluster of 16 blocks
@@ -617,6 +689,6 @@ if __name__ == "__main__":
      "attention-kernels": attention_kernels,
      "attention-overhead": attention_overhead, "launch-cost": launch_cost,
      "decode-kernels": decode_kernels, "decode": decode,
-     "gaps": gaps, "gap-kernels": gap_kernels,
+     "gaps": gaps, "gap-kernels": gap_kernels, "norm-variants": norm_variants,
      "store-batch": store_batch, "long-rows": long_rows,
      "placement": placement, "peer-kernels": peer_kernels}[sys.argv[1]]()
