@@ -349,7 +349,6 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
             raise ValueError(f"path 'warp' cannot hold cols={cols} in registers")
         per_thread, group, rows_per_group = cfg
         name = f"cunorm::{family}_warp<{head}, {pack}, {per_thread}, {group}, {rows_per_group}>"
-        per_sm = max(1, occ(name, WARP_BLOCK, 0))
         rows_per_block = WARP_BLOCK // group * rows_per_group
         grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
@@ -359,7 +358,6 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
             raise ValueError(f"path 'block' cannot hold cols={cols} in registers")
         threads, per_thread = cfg
         name = f"cunorm::{family}_block<{head}, {pack}, {per_thread}>"
-        per_sm = max(1, occ(name, threads, 0))
         return LaunchPlan("block", name, min(rows, MAX_GRID), threads, 0)
     if path in ("smem", "cluster"):
         return _plan_smem(family, head, src, rows, cols, pack, props, occ, path == "cluster")
