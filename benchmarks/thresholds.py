@@ -11,7 +11,6 @@ Usage: ``python benchmarks/thresholds.py [--out DIR] [--quick]``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import functools
 import pathlib
@@ -36,22 +35,6 @@ PATHS = {
     "uncached": ("uncached", {}),
     "uncached-1blk": ("uncached", {"UNCACHED_SLICE_MAX_BYTES": 1 << 40}),
 }
-
-
-@contextlib.contextmanager
-def overridden(consts: dict):
-    """Temporarily change dispatcher constants (and forget plans made under them)."""
-    plans = cunorm.softmax.__globals__["_PLANS"]
-    old = {k: getattr(_dispatch, k) for k in consts}
-    for k, v in consts.items():
-        setattr(_dispatch, k, v)
-    plans.clear()
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(_dispatch, k, v)
-        plans.clear()
 
 
 def bench_ms(fn) -> float:
@@ -88,7 +71,7 @@ def main() -> None:
                     gbs[variant] = None
                     continue
                 try:
-                    with overridden(consts), _dispatch.force_path(path):
+                    with _dispatch.override_constants(consts), _dispatch.force_path(path):
                         cunorm.softmax(x, out=y)
                         ms = bench_ms(functools.partial(cunorm.softmax, x, out=y))
                     gbs[variant] = 2 * x.nbytes / ms / 1e6

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(128, 4) norm_warp(CUNORM_NORM_PARAMS) {
 }
 
 // Resident 512-thread blocks the block kernels are compiled for, rows in full packs of at most
-// 16 values a thread (rows.cuh block_min_blocks): 4 for 16-bit rows (32 registers), 2 for
+// 16 values a thread (rows.cuh CUNORM_BLOCK_BOUNDS): 4 for 16-bit rows (32 registers), 2 for
 // float32 (64). H200, weight and bias, one run each (tools/gpu_profile.py norm-variants):
 // from 3 to 4 blocks float16 layer_norm 8192 cols 3432 -> 3742 GB/s, bfloat16 3499 -> 3595,
 // float16 rms_norm 3885 -> 4141; 2 blocks for 16-bit rows lost 8-23%, and 3 for float32 rows
@@ -133,9 +133,9 @@ __global__ void __launch_bounds__(128, 4) norm_warp(CUNORM_NORM_PARAMS) {
 #define CUNORM_NORM_BLOCKS32 2
 #endif
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
-__global__ void __launch_bounds__(
-    512, block_min_blocks(PACK * sizeof(SRC), COLS,
-                          sizeof(SRC) == 2 ? CUNORM_NORM_BLOCKS16 : sizeof(SRC) == 4 ? CUNORM_NORM_BLOCKS32 : 1))
+__global__ void CUNORM_BLOCK_BOUNDS(
+    PACK * sizeof(SRC), COLS,
+    sizeof(SRC) == 2 ? CUNORM_NORM_BLOCKS16 : sizeof(SRC) == 4 ? CUNORM_NORM_BLOCKS32 : 1)
     norm_block(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_block<PACK, COLS>));
 }

@@ -29,11 +29,41 @@ namespace cunorm {
 // in flight per thread to cover memory latency, few enough registers for 512-thread blocks.
 constexpr int kUnrollValues = 16;
 
-// kFetchFirst: the register paths fetch every raw pack of a row (or chunk) before converting
-// any, then convert every pack and overwrite the padding ones (raw packs start zeroed). With
-// the conversion inside each pack's bounds test, nvcc 13 branched around the bfloat16 ones
-// instead of predicating them, and each load waited for the one before: half the bytes in
-// flight, 3636 GB/s against float16's 4220 on the same block kernel (H200, 8192 columns).
+// The N packs a thread of a register path holds of a row (or of a chunk of it): pack u is
+// at(u) = {row, col, valid}. Every valid raw pack is fetched before any is converted; then
+// every pack is converted and the invalid ones overwritten with OP::pad() (raw packs start
+// zeroed). With the conversion inside each pack's bounds test, nvcc 13 branched around the
+// bfloat16 ones instead of predicating them, and each load waited for the one before: half
+// the bytes in flight, 3636 GB/s against float16's 4220 on the same block kernel (H200, 8192
+// columns). Returns the number of valid values (the valid packs of a chunk are a prefix).
+template <typename COL> struct PackAt {
+  i64 row;
+  COL col;
+  bool valid;
+};
+template <int N, int PACK, class OP, class LOAD, class AT, class DST>
+__device__ __forceinline__ int load_packs(const LOAD& load, const AT& at, const DST& dst) {
+  Pack<typename LOAD::raw_t, PACK> raw[N] = {};
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const auto a = at(u);
+    if (a.valid) raw[u] = load.template fetch<PACK>(a.row, a.col);
+  }
+  int nvalid = 0;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const auto a = at(u);
+    typename OP::C* const v = dst(u);
+    load.template convert<PACK>(raw[u], v, a.row, a.col);
+    if (a.valid) {
+      nvalid += PACK;
+    } else {
+#pragma unroll
+      for (int i = 0; i < PACK; ++i) v[i] = OP::pad();
+    }
+  }
+  return nvalid;
+}
 
 // Packs a thread of the shared-memory path stores per batch: the STORE functor's parameter
 // loads (weight and bias) of a batch go out together before its stores, so a row pays one L2
@@ -80,7 +110,10 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   // past the end are masked instead.
   for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
     const i64 row0 = base + group_in_warp * ROWS;
-    Pack<typename LOAD::raw_t, PACK> raw[ROWS][NPACK] = {};  // kFetchFirst
+    // load_packs over the ROWS x NPACK packs, written out: through the helper (pack u of row
+    // u / NPACK) ptxas allocated the warp kernels differently, 2270 more registers summed
+    // over the norm warp instantiations and 5 of them spilling (nvcc 13, sm_90).
+    Pack<typename LOAD::raw_t, PACK> raw[ROWS][NPACK] = {};
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
@@ -143,16 +176,29 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   }
 }
 
-// Resident blocks per SM the block-register kernels are compiled for: the second argument of
-// their __launch_bounds__(512, n), which caps registers at 65536 / (512 n). Rows held in full
-// 16-byte packs, at most 16 values a thread, take FULL (each kernel's largest count that
-// compiles without spills on sm_80 and sm_90 with nvcc 13, tests/test_nvcc.py); others stay
-// at 1. Without the cap nvcc gave the float16 8192-column softmax 32 registers and NVRTC 34,
-// one resident block fewer: ncu on H200, 71% occupancy against the Triton peer's 95% with the
-// same loads and reductions.
-__host__ __device__ constexpr int block_min_blocks(int pack_bytes, int cols, int full) {
-  return pack_bytes == 16 && cols <= 16 ? full : 1;
+// Launch bounds of the block-register kernels, CUNORM_BLOCK_BOUNDS(pack bytes, COLS, full):
+// rows held in full 16-byte packs, at most 16 values a thread, get the registers of `full`
+// resident 512-thread blocks per SM (full: each kernel's largest count that compiles without
+// spills on sm_80 and sm_90 with nvcc 13, tests/test_nvcc.py); the others one block. Without
+// the cap nvcc gave the float16 8192-column softmax 32 registers and NVRTC 34, one resident
+// block fewer: ncu on H200, 71% occupancy against the Triton peer's 95% with the same loads
+// and reductions. When full is even the same cap is written (1024, full / 2), so those kernels
+// also take blocks of up to 1024 threads (cunorm/_dispatch.py block_wide), which hold a
+// 16384-column row at the 16 values a thread of an 8192-column one. (__maxnreg__ with the same
+// cap made ptxas spill and use more registers: nvcc 13, sm_90.)
+__host__ __device__ constexpr bool block_row_in_full_packs(int pack_bytes, int cols) {
+  return pack_bytes == 16 && cols <= 16;
 }
+__host__ __device__ constexpr int block_max_threads(int pack_bytes, int cols, int full) {
+  return block_row_in_full_packs(pack_bytes, cols) && full % 2 == 0 ? 1024 : 512;
+}
+__host__ __device__ constexpr int block_min_blocks(int pack_bytes, int cols, int full) {
+  return block_row_in_full_packs(pack_bytes, cols)
+             ? full * 512 / block_max_threads(pack_bytes, cols, full) : 1;
+}
+#define CUNORM_BLOCK_BOUNDS(PACK_BYTES, COLS, FULL)                                          \
+  __launch_bounds__(block_max_threads(PACK_BYTES, COLS, FULL),                               \
+                    block_min_blocks(PACK_BYTES, COLS, FULL))
 
 // ---------------------------------------------------------------------------------------
 // Block-register path: the row lives in the registers of a whole block (COLS values per
@@ -178,21 +224,10 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     return (p * blockDim.x + threadIdx.x) * PACK;
   };
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    Pack<typename LOAD::raw_t, PACK> raw[NPACK] = {};  // kFetchFirst
-#pragma unroll
-    for (int p = 0; p < NPACK; ++p) {
+    load_packs<NPACK, PACK, OP>(load, [&](int p) {
       const unsigned col = pack_col(p);
-      if (col < ncols) raw[p] = load.template fetch<PACK>(row, col);
-    }
-#pragma unroll
-    for (int p = 0; p < NPACK; ++p) {
-      const unsigned col = pack_col(p);
-      load.template convert<PACK>(raw[p], buf + p * PACK, row, col);
-      if (col >= ncols) {
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) buf[p * PACK + i] = OP::pad();
-      }
-    }
+      return PackAt<unsigned>{row, col, col < ncols};
+    }, [&](int p) { return buf + p * PACK; });
     S1 s1 = S1();
     if constexpr (OP::kFirst) {
       s1 = OP::R1::identity();
@@ -355,22 +390,10 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
     st.init();
     for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
       C v[kUnroll][PACK];
-      Pack<typename LOAD::raw_t, PACK> raw[kUnroll] = {};  // kFetchFirst
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (p0 + u * step < pack_end) raw[u] = load.template fetch<PACK>(row, (p0 + u * step) * PACK);
-      }
-      int nvalid = 0;  // the valid packs of a chunk are a prefix of it
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        load.template convert<PACK>(raw[u], v[u], row, (p0 + u * step) * PACK);
-        if (p0 + u * step < pack_end) {
-          nvalid += PACK;
-        } else {
-#pragma unroll
-          for (int i = 0; i < PACK; ++i) v[u][i] = OP::pad();
-        }
-      }
+      const int nvalid = load_packs<kUnroll, PACK, OP>(load, [&](int u) {
+        const i64 p = p0 + u * step;
+        return PackAt<i64>{row, p * PACK, p < pack_end};
+      }, [&](int u) { return v[u]; });
       st.template add<kUnroll * PACK>(&v[0][0], nvalid);  // one merge per chunk
     }
     st = cluster_all_reduce_state<CLUSTER>(block_all_reduce_state(st, scratch), slots, parity);
@@ -382,7 +405,7 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
       // functors with kBatchParams only).
       constexpr bool kBatch = STORE::kBatchParams;
       typename STORE::template Params<PACK> prm[kBatch ? kUnroll : 1];
-      Pack<typename LOAD::raw_t, PACK> raw[kUnroll];  // kFetchFirst
+      Pack<typename LOAD::raw_t, PACK> raw[kUnroll];  // fetched before any is converted (load_packs)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (p0 + u * step < pack_end) {

@@ -217,12 +217,11 @@ __global__ void __launch_bounds__(128, 4) softmax_warp(const SRC* x, DST* y, i64
 }
 
 // 32 registers for 16-bit rows in full packs of at most 16 values a thread, 40 with a float
-// output (which sums in double), no cap for double
+// output (which sums in double), one block for double (rows.cuh CUNORM_BLOCK_BOUNDS)
 template <typename SRC, typename DST, bool LOG, int PACK, int COLS>
-__global__ void __launch_bounds__(
-    512, block_min_blocks(PACK * (sizeof(SRC) > sizeof(DST) ? sizeof(SRC) : sizeof(DST)), COLS,
-                          sizeof(SRC) == 2 && sizeof(DST) == 2 ? 4
-                          : sizeof(SRC) < 8 && sizeof(DST) < 8 ? 3 : 1))
+__global__ void CUNORM_BLOCK_BOUNDS(
+    PACK * (sizeof(SRC) > sizeof(DST) ? sizeof(SRC) : sizeof(DST)), COLS,
+    sizeof(SRC) == 2 && sizeof(DST) == 2 ? 4 : sizeof(SRC) < 8 && sizeof(DST) < 8 ? 3 : 1)
     softmax_block(const SRC* x, DST* y, i64 rows, i64 cols,
                                                      i64 ldx, i64 ldy) {
   CUNORM_SOFTMAX_ROWS((rows_block<PACK, COLS>));

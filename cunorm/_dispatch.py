@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -66,14 +67,21 @@ WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128,
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
 # Rows up to these (every op) also stay in registers when the block pads them by at most an
 # eighth and holds at most BLOCK_TARGET_VALUES a thread: in full 16-byte packs those kernels are
-# compiled for 3-4 resident 512-thread blocks (rows.cuh block_min_blocks). H200, 8192 cols,
+# compiled for 3-4 resident 512-thread blocks (rows.cuh CUNORM_BLOCK_BOUNDS). H200, 8192 cols,
 # one run each (tools/gpu_profile.py gaps, norm-variants): softmax float16 4191 GB/s in
 # registers against 3967 in shared memory, bfloat16 4191 / 3834, float32 4191 / 3958 (Triton
 # 4197, 4199, 4168); layer_norm (weight and bias) float16 3742 / 3382, bfloat16 3595 / 3246,
 # rms_norm float16 3876 / 3838; at 4096 cols layer_norm bfloat16 3572 / 3329, float16 3727 /
 # 3742. Padded rows lost: float32 5120 cols (512 threads x 12 values) ran at 3839 in a bench
 # run, 3925 in shared memory; layer_norm float16 5120 at 3127 against 3846.
-BLOCK_UNPADDED_MAX_COLS = {2: 8192, 4: 8192, 8: 0}
+# 16-bit rows of up to 16384 cols take 1024-thread blocks (BLOCK_WIDE_THREADS) the same way.
+# H200, 24576 rows, weight and bias, one run (tools/gpu_profile.py wide-blocks), 16384 cols in
+# registers against shared memory: layer_norm float16 3668 / 3414 GB/s, bfloat16 3562 / 3070,
+# rms_norm float16 4013 / 3849, bfloat16 3935 / 2844, softmax float16 3960 / 3938, bfloat16
+# 3956 / 3898. Float32 norms gained nothing there (layer_norm 3456 / 3506, rms_norm 3921 /
+# 3830), and 12288 cols in 768 x 16 lost to shared memory in most cells (layer_norm float32
+# 3159 / 3716, softmax float16 3583 / 3909, rms_norm float32 3573 / 3839).
+BLOCK_UNPADDED_MAX_COLS = {2: 16384, 4: 8192, 8: 0}
 # The norms' own limits for any row (H200, layer_norm with weight and bias, every path forced on
 # the same rows: tools/gpu_profile.py norms): float16 4096 ran at 3032 GB/s in registers and 3785
 # in shared memory (2048: 3417 vs 3168), float32 8192 at 4006 in registers and 2762 in shared
@@ -81,6 +89,10 @@ BLOCK_UNPADDED_MAX_COLS = {2: 8192, 4: 8192, 8: 0}
 NORM_BLOCK_MAX_COLS = {2: 3072, 4: 8192, 8: 0}
 BLOCK_TARGET_VALUES = 16
 BLOCK_THREADS = (128, 256, 512)
+# Larger blocks of the block kernels written for an even number of resident 512-thread blocks
+# (rows.cuh CUNORM_BLOCK_BOUNDS: __launch_bounds__(1024, full / 2), the same register cap), for
+# rows in full 16-byte packs of at most BLOCK_TARGET_VALUES a thread (block_wide).
+BLOCK_WIDE_THREADS = (1024,)
 BLOCK_MAX_VALUES = {4: 24, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
 # The norm block kernels with scalar packs keep an address per value (the weight and bias at
 # the affine store, x, residual and x + r for the residual variant): past these they spill
@@ -173,6 +185,42 @@ def force_path(path: str | None) -> Iterator[None]:
         yield
     finally:
         _FORCED.reset(token)
+
+
+@contextlib.contextmanager
+def override_constants(consts: dict[str, object]) -> Iterator[None]:
+    """Plan with these module constants (``BLOCK_WIDE_THREADS``, ``SMEM_SLICE_MAX_BYTES``, ...)
+    replaced inside the block, for threshold measurements; the plans the ops cached are dropped
+    on the way in and out, so each call inside plans again. Not thread-safe.
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
+    >>> with override_constants({"BLOCK_WIDE_THREADS": ()}):  # 16384 cols: no 1024 threads
+    ...     plan_rows("softmax", "float16", "float16", 4096, 16384, 8, h100,
+    ...               lambda k, b, s: 2048 // b).path
+    'smem'
+    """
+    unknown = sorted(k for k in consts if k not in globals() or not k.isupper())
+    if unknown:
+        raise ValueError(f"override_constants(): no dispatcher constant named {unknown}")
+    old = {k: globals()[k] for k in consts}
+    globals().update(consts)
+    _drop_cached_plans()
+    try:
+        yield
+    finally:
+        globals().update(old)
+        _drop_cached_plans()
+
+
+def _drop_cached_plans() -> None:
+    # The ops' plan caches, in the modules that made them (none yet if nothing ran).
+    for module in ("cunorm.softmax", "cunorm.norm"):
+        cached = getattr(sys.modules.get(module), "_PLANS", None)
+        if cached is not None:
+            cached.clear()
 
 
 def forced_path() -> str | None:
@@ -275,17 +323,36 @@ def warp_config(cols: int, pack: int, cbytes: int,
     return k * pack, 32, 1
 
 
-def block_config(cols: int, pack: int, cbytes: int,
-                 family: str = "softmax") -> tuple[int, int] | None:
+def block_wide(family: str, src: str, dst: str, pack: int) -> bool:
+    """Whether the block kernels of ``family`` for ``src -> dst`` with ``pack``-element packs
+    take BLOCK_WIDE_THREADS blocks when a thread holds at most BLOCK_TARGET_VALUES values.
+
+    Mirrors rows.cuh ``block_max_threads``: 16-byte packs, and a register cap written for an
+    even number of resident 512-thread blocks (the ``full`` argument of norm.cu's and
+    softmax.cu's block kernels: 4 for 16-bit data, 2 for float32 norms; 3 for the other
+    softmax pairs and 1 for float64 are odd)."""
+    wide = max(ITEMSIZE[src], ITEMSIZE[dst])
+    if pack * wide != 16:
+        return False
+    if family == "norm":
+        return ITEMSIZE[src] in (2, 4)
+    return ITEMSIZE[src] == ITEMSIZE[dst] == 2
+
+
+def block_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
+                 wide: bool = False) -> tuple[int, int] | None:
     """(threads, values per thread) for the block-register path, or None if the row does not
-    fit in 512 threads' registers. Least padding first (idle lanes cost bandwidth: cols=3000
+    fit in the registers of a block. Least padding first (idle lanes cost bandwidth: cols=3000
     fp16 on 256 threads x 16 values ran at 80% of copy), then values per thread nearest
-    BLOCK_TARGET_VALUES."""
+    BLOCK_TARGET_VALUES. ``wide`` (:func:`block_wide`) adds BLOCK_WIDE_THREADS blocks of at
+    most BLOCK_TARGET_VALUES a thread to the 128-512 thread ones."""
     best = None
-    for threads in BLOCK_THREADS:
+    for threads in BLOCK_THREADS + (BLOCK_WIDE_THREADS if wide else ()):
         need = _cdiv(_cdiv(cols, threads), pack)
         k = next((k for k in BLOCK_PACKS_PER_THREAD if k >= need), None)
         if k is None or k * pack > value_cap(family, "block", cbytes, pack):
+            continue
+        if threads > BLOCK_THREADS[-1] and k * pack > BLOCK_TARGET_VALUES:
             continue
         waste = threads * k * pack - cols
         key = (waste > cols // 8, waste if waste > cols // 8 else 0,
@@ -331,7 +398,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
     >>> plan_rows("softmax", "float32", "float32", 4096, 512, 4, h100,
     ...           lambda k, b, s: 2048 // b).path
     'warp'
-    >>> plan_rows("layer_norm", "float16", "float16", 4096, 16384, 8, h100,
+    >>> plan_rows("layer_norm", "float16", "float16", 4096, 12288, 8, h100,
     ...           lambda k, b, s: 2048 // b).kernel
     'cunorm::norm_smem<cunorm::half_t, false, false, 8>'
     """
@@ -342,7 +409,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
 
     path = force
     if path is None:
-        path = _choose_row_path(family, src, cols, pack, cbytes, props)
+        path = _choose_row_path(family, src, dst, cols, pack, cbytes, props)
     if path == "warp":
         cfg = warp_config(cols, pack, cbytes, family)
         if cfg is None:
@@ -353,7 +420,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
     if path == "block":
-        cfg = block_config(cols, pack, cbytes, family)
+        cfg = block_config(cols, pack, cbytes, family, block_wide(family, src, dst, pack))
         if cfg is None:
             raise ValueError(f"path 'block' cannot hold cols={cols} in registers")
         threads, per_thread = cfg
@@ -393,13 +460,13 @@ def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
     return fitting[-1] if fitting else None
 
 
-def _choose_row_path(family: str, src: str, cols: int, pack: int, cbytes: int,
+def _choose_row_path(family: str, src: str, dst: str, cols: int, pack: int, cbytes: int,
                      props: DeviceProps) -> str:
     isz = ITEMSIZE[src]
     if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family) is not None:
         return "warp"
     block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
-    bcfg = block_config(cols, pack, cbytes, family)
+    bcfg = block_config(cols, pack, cbytes, family, block_wide(family, src, dst, pack))
     if bcfg is not None and (cols <= block_max or (
             cols <= BLOCK_UNPADDED_MAX_COLS[isz] and bcfg[1] <= BLOCK_TARGET_VALUES
             and bcfg[0] * bcfg[1] - cols <= cols // 8)):
@@ -503,17 +570,17 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
 
 
 # --- every instantiation ----------------------------------------------------------------
-def _row_heads() -> list[tuple[str, str, str, int, int]]:
-    """(family, head, pack item size, compute bytes, packs) of every row-kernel head."""
+def _row_heads() -> list[tuple[str, str, str, str, int, int]]:
+    """(family, head, src, dst, pack item size, compute bytes) of every row-kernel head."""
     out = []
     for src, dst in KERNEL_DTYPE_PAIRS:
         for op in SOFTMAX_OPS:
-            out.append((*kernel_head(op, src, dst), max(ITEMSIZE[src], ITEMSIZE[dst]),
-                        compute_bytes(src, dst)))
+            out.append((*kernel_head(op, src, dst), src, dst,
+                        max(ITEMSIZE[src], ITEMSIZE[dst]), compute_bytes(src, dst)))
     for src in CTYPE:
         for op in NORM_OPS:
             for residual in (False, True):
-                out.append((*kernel_head(op, src, src, residual), ITEMSIZE[src],
+                out.append((*kernel_head(op, src, src, residual), src, src, ITEMSIZE[src],
                             compute_bytes(src, src)))
     return out
 
@@ -523,15 +590,18 @@ def all_kernel_names(arch: int) -> list[str]:
     paths included (nvcc compile test, ``python -m cunorm.precompile``)."""
     names: set[str] = set()
     clusters = CLUSTER_SIZES if arch >= 90 else ()
-    for family, head, isz, cbytes in _row_heads():
+    for family, head, src, dst, isz, cbytes in _row_heads():
         for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16):
             for cols in range(pack, 64 * pack * 32 + 1, pack):
                 cfg = warp_config(cols, pack, cbytes, family)
                 if cfg is not None:
                     names.add(f"cunorm::{family}_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
                               f"{cfg[2]}>")
-            for cols in range(WARP_BLOCK, 512 * BLOCK_MAX_VALUES[cbytes] + 1, pack * 32):
-                bcfg = block_config(cols, pack, cbytes, family)
+            wide = block_wide(family, src, dst, pack)
+            top = max(BLOCK_THREADS[-1] * BLOCK_MAX_VALUES[cbytes],
+                      BLOCK_WIDE_THREADS[-1] * BLOCK_TARGET_VALUES)
+            for cols in range(WARP_BLOCK, top + 1, pack * 32):
+                bcfg = block_config(cols, pack, cbytes, family, wide)
                 if bcfg is not None:
                     names.add(f"cunorm::{family}_block<{head}, {pack}, {bcfg[1]}>")
             for path in ("smem", "uncached"):

@@ -244,8 +244,11 @@ def block_args(plan: d.LaunchPlan) -> tuple[int, int]:
         ("float32", "float32", 4095, 16, 256, 1, 16),
         ("float32", "float32", 4096, 16, 256, 4, 16),
         ("float32", "float32", 8192, 16, 512, 4, 16),
-        ("float32", "float32", 12288, 16, 512, 4, 24),
+        ("float32", "float32", 12288, 16, 512, 4, 24),  # float32 softmax: no 1024 threads
         ("float16", "float16", 4096, 16, 256, 8, 16),
+        ("float16", "float16", 12288, 16, 512, 8, 24),  # 1024 x 16 would pad a third
+        ("float16", "float16", 16384, 16, 1024, 8, 16),
+        ("bfloat16", "bfloat16", 16384, 16, 1024, 8, 16),
         ("float16", "float32", 4096, 16, 256, 4, 16),
         ("bfloat16", "bfloat16", 3000, 16, 128, 8, 24),  # 256 x 16 would pad 1096
         ("float64", "float64", 2000, 16, 128, 2, 16),
@@ -262,17 +265,20 @@ def test_block_config_forced(src: str, dst: str, cols: int, align: int, threads:
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_block_config_properties(src: str, dst: str) -> None:
-    """Every (threads, values) choice covers the row within the register budget, and pads
-    at most 1/8 of the row whenever some choice does."""
+    """Every (threads, values) choice covers the row within the register budget (blocks of
+    more than 512 threads only where block_wide allows them, at most BLOCK_TARGET_VALUES a
+    thread), and pads at most 1/8 of the row whenever some choice does."""
     cbytes = d.compute_bytes(src, dst)
     isz = max(ITEMSIZE[src], ITEMSIZE[dst])
-    for cols in range(64, 512 * d.BLOCK_MAX_VALUES[cbytes] + 1, 7):
+    for cols in range(64, d.BLOCK_WIDE_THREADS[-1] * d.BLOCK_TARGET_VALUES + 1, 7):
         for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16 and cols % p == 0):
-            cfg = d.block_config(cols, pack, cbytes)
+            wide = d.block_wide("softmax", src, dst, pack)
+            cfg = d.block_config(cols, pack, cbytes, "softmax", wide)
             options = []
-            for t in d.BLOCK_THREADS:
+            for t in d.BLOCK_THREADS + (d.BLOCK_WIDE_THREADS if wide else ()):
+                cap = d.BLOCK_MAX_VALUES[cbytes] if t <= 512 else d.BLOCK_TARGET_VALUES
                 k = next((k for k in d.BLOCK_PACKS_PER_THREAD if k * pack * t >= cols), None)
-                if k is not None and k * pack <= d.BLOCK_MAX_VALUES[cbytes]:
+                if k is not None and k * pack <= cap:
                     options.append((t, k * pack))
             if not options:
                 assert cfg is None, (cols, pack)
@@ -281,6 +287,24 @@ def test_block_config_properties(src: str, dst: str) -> None:
             threads, per_thread = cfg
             if any(t * v - cols <= cols // 8 for t, v in options):
                 assert threads * per_thread - cols <= cols // 8, (cols, pack, cfg)
+
+
+def test_block_wide_pairs() -> None:
+    """1024-thread blocks for 16-byte packs of the kernels written for an even number of
+    resident 512-thread blocks (rows.cuh CUNORM_BLOCK_BOUNDS): 16-bit softmax, 16-bit and
+    float32 norms; not the other softmax pairs, float64, or narrower packs."""
+    assert d.block_wide("softmax", "float16", "float16", 8)
+    assert d.block_wide("softmax", "bfloat16", "bfloat16", 8)
+    assert not d.block_wide("softmax", "float16", "float16", 4)
+    assert not d.block_wide("softmax", "float16", "float32", 4)
+    assert not d.block_wide("softmax", "float32", "float32", 4)
+    assert not d.block_wide("softmax", "float64", "float64", 2)
+    for src, pack in (("float16", 8), ("bfloat16", 8), ("float32", 4)):
+        assert d.block_wide("norm", src, src, pack)
+        assert not d.block_wide("norm", src, src, pack // 2)
+    assert not d.block_wide("norm", "float64", "float64", 2)
+    with pytest.raises(ValueError, match="block.*cols=16384"):
+        rows_plan(16384, "float16", "float32", force="block")
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
@@ -315,23 +339,30 @@ def _register_max(isz: int) -> int:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_block_path_unpadded_rows_up_to_8192(dtype: str) -> None:
+def test_block_path_unpadded_rows(dtype: str) -> None:
     """Past BLOCK_MAX_COLS softmax keeps a row in registers only when the block pads it by at
     most an eighth with at most BLOCK_TARGET_VALUES a thread (the kernels compiled for several
-    resident blocks), and so do the norms."""
+    resident blocks), up to BLOCK_UNPADDED_MAX_COLS (16384 cols in 1024-thread blocks for 16-bit
+    rows, 8192 for float32), and so do the norms."""
     isz = ITEMSIZE[dtype]
     plan = rows_plan(8192, dtype)
     assert plan.path == "block" and plan.block == 512 and block_args(plan)[1] == 16, plan
     for cols in range(d.BLOCK_MAX_COLS[isz] + 1, d.BLOCK_UNPADDED_MAX_COLS[isz] + 64, 61):
         plan = rows_plan(cols, dtype)
-        cfg = d.block_config(cols, 16 // isz if cols % (16 // isz) == 0 else 1, 4)
+        pack = 16 // isz if cols % (16 // isz) == 0 else 1
+        cfg = d.block_config(cols, pack, 4, "softmax", d.block_wide("softmax", dtype, dtype, pack))
         unpadded = (cfg is not None and cfg[1] <= d.BLOCK_TARGET_VALUES
                     and cfg[0] * cfg[1] - cols <= cols // 8)
         want = "block" if cols <= d.BLOCK_UNPADDED_MAX_COLS[isz] and unpadded else "smem"
         assert plan.path == want, (cols, plan)
     assert rows_plan(5120, dtype).path == "smem"  # 512 x 16 or 256 x 24 would pad 20%
+    assert rows_plan(12288, dtype).path == "smem"  # 512 x 24 values, or 1024 x 16 padding 1/3
+    wide16 = "block" if isz == 2 else "smem"  # float32 softmax has no 1024-thread blocks
+    assert rows_plan(16384, dtype).path == wide16
     for op in ("layer_norm", "rms_norm"):  # the same rule for the norms
         assert rows_plan(8192, dtype, op=op).path == "block"
+        plan = rows_plan(16384, dtype, op=op)
+        assert plan.path == wide16 and (isz == 4 or plan.block == 1024), plan
         if 5120 > d.NORM_BLOCK_MAX_COLS[isz]:  # float32 norms take any row up to 8192
             assert rows_plan(5120, dtype, op=op).path == "smem"
 
@@ -655,6 +686,22 @@ def test_force_path_restored_after_exception() -> None:
     with pytest.raises(RuntimeError), d.force_path("warp"):
         raise RuntimeError("boom")
     assert d.forced_path() is None
+
+
+def test_override_constants_replans_and_restores() -> None:
+    """Plans made inside see the overridden constants; the values (and plans made under
+    them) are gone after the block, also after an exception."""
+    assert rows_plan(16384, "float16").block == 1024
+    with d.override_constants({"BLOCK_WIDE_THREADS": ()}):
+        assert d.BLOCK_WIDE_THREADS == ()
+        assert rows_plan(16384, "float16").path == "smem"
+    assert d.BLOCK_WIDE_THREADS == (1024,)
+    with pytest.raises(RuntimeError), d.override_constants({"BLOCK_TARGET_VALUES": 12}):
+        raise RuntimeError("boom")
+    assert d.BLOCK_TARGET_VALUES == 16
+    with pytest.raises(ValueError, match="no dispatcher constant named \\['NOPE', 'plan_rows'\\]"):
+        with d.override_constants({"NOPE": 1, "plan_rows": None}):
+            pass
 
 
 @pytest.mark.parametrize("bad", ["bogus", "Warp", "", "strided_cached"])

@@ -22,7 +22,7 @@ OPS = {"softmax": cunorm.softmax, "log_softmax": cunorm.log_softmax}
 # block sizes, smem capacity edges, 2^16 + 1.
 BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511,
                  512, 513, 1000, 1023, 1024, 1025, 1535, 1536, 1537, 2047, 2048, 2049, 4095,
-                 4097, 12288, 16385, 32767, 57344, 65537]
+                 4097, 12288, 16384, 16385, 32767, 57344, 65537]
 ROW_PATHS = list(_dispatch.ROW_PATHS)
 
 
@@ -62,7 +62,8 @@ def can_force(path: str, cols: int, dtype) -> bool:
     if path == "warp":
         return _dispatch.warp_config(cols, pack, cb) is not None
     if path == "block":
-        return _dispatch.block_config(cols, pack, cb) is not None
+        wide = _dispatch.block_wide("softmax", np.dtype(dtype).name, np.dtype(dtype).name, pack)
+        return _dispatch.block_config(cols, pack, cb, "softmax", wide) is not None
     if path == "smem":
         return _dispatch.smem_config(cols, pack, isz, props, (1,)) is not None
     if path == "cluster":
@@ -115,6 +116,28 @@ def test_forcing_an_impossible_path_raises():
     x, _ = random_input((2, 100_000), np.float32)
     with _dispatch.force_path("warp"), pytest.raises(ValueError, match="warp"):
         cunorm.softmax(x)
+
+
+# (family, template head, src, dst, pack item size) of every row-kernel head (softmax and norms)
+_ROW_HEADS = [h[:5] for h in _dispatch._row_heads()]
+
+
+@pytest.mark.parametrize(("family", "head", "src", "dst", "isz"), _ROW_HEADS,
+                         ids=lambda v: str(v).replace("cunorm::", "").replace(" ", ""))
+def test_block_wide_matches_the_kernels_launch_bounds(family, head, src, dst, isz):
+    """The dispatcher's mirror of rows.cuh block_max_threads (block_wide) agrees with the
+    compiled block kernels: 1024 threads exactly where it plans 1024-thread blocks."""
+    from cunorm._device import device_props
+    from cunorm._kernels import get_kernel
+
+    props = device_props(0)
+    full = 16 // isz
+    for pack, values in ((full, 16), (full, 24), (max(1, full // 2), 16)):
+        name = f"cunorm::{family}_block<{head}, {pack}, {values}>"
+        kern = get_kernel(0, props.arch, _dispatch.kernel_file(name), name)
+        wide = values <= _dispatch.BLOCK_TARGET_VALUES and _dispatch.block_wide(
+            family, src, dst, pack)
+        assert kern.max_threads_per_block == (1024 if wide else 512), name
 
 
 # --- dtypes, output dtypes --------------------------------------------------------------

@@ -9,7 +9,10 @@ compares attention with torch's FlashAttention-2 backend and ``ncu ... python to
 attention-kernels`` runs one bf16 forward per head dim; ``decode-kernels`` one decoding call
 per KV length (for ncu); ``attention-overhead`` gives the host and GPU time of a decoding call
 with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list;
-``norm-variants`` times the norms' block kernels built with other resident-block counts.
+``norm-variants`` times the norms' block kernels built with other resident-block counts;
+``wide-blocks`` the 12288- and 16384-column rows on 768- and 1024-thread blocks;
+``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
+there with and without weight and bias.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import cupy
 import numpy as np
 
 import cunorm
+from cunorm import _dispatch
 
 CASES = [("float16", 1024, 49152), ("float16", 8192, 24576), ("float32", 4096, 49152),
          ("float32", 32768, 6144), ("float16", 131072, 1536), ("float32", 65536, 3072)]
@@ -81,19 +85,17 @@ def strided(launch_only: bool = False) -> None:
     """GB/s of softmax over axis=1 for each STRIDED_VARIANTS setting (or one launch each)."""
     from triton.testing import do_bench
 
-    from cunorm import _dispatch
-
-    plans = cunorm.softmax.__globals__["_PLANS"]
+    plans = sys.modules["cunorm.softmax"]._PLANS
     for dt, shape in STRIDED_CASES:
         x = cupy.random.standard_normal(shape, dtype=np.float32).astype(dt)
         y = cupy.empty_like(x)
         for name, consts in STRIDED_VARIANTS.items():
-            old = {k: getattr(_dispatch, k) for k in consts}
-            for k, v in consts.items():
-                setattr(_dispatch, k, v)
-            plans.clear()
-            try:
-                cunorm.softmax(x, axis=1, out=y)
+            with _dispatch.override_constants(consts):
+                try:
+                    cunorm.softmax(x, axis=1, out=y)
+                except ValueError as err:
+                    print(f"{dt} {shape} {name}: {err}")
+                    continue
                 plan = next(iter(plans.values()))[0]
                 if launch_only:
                     continue
@@ -101,12 +103,6 @@ def strided(launch_only: bool = False) -> None:
                               rep=50, return_mode="median")
                 print(f"{dt} {shape} {name:14s} {2 * x.nbytes / ms / 1e6:7.0f} GB/s  "
                       f"{plan.kernel[16:]} grid={plan.grid} tx={plan.tx_count} smem={plan.smem}")
-            except ValueError as err:
-                print(f"{dt} {shape} {name}: {err}")
-            finally:
-                for k, v in old.items():
-                    setattr(_dispatch, k, v)
-                plans.clear()
     cupy.cuda.Device().synchronize()
 
 
@@ -127,7 +123,6 @@ def norms() -> None:
     shape, and host time per call at the shortest rows."""
     from triton.testing import do_bench
 
-    from cunorm import _dispatch
 
     for dt, cols in NORM_CASES:
         x, w, b = _norm_inputs(dt, cols, 49152 if cols <= 8192 else 24576)
@@ -189,7 +184,6 @@ def _gap_calls():
     """(label, thunk) for every GAP_CASES shape and path, the block limits raised."""
     import torch
 
-    from cunorm import _dispatch
     from cunorm.bench import triton_kernels
 
     _dispatch.BLOCK_MAX_VALUES = {4: 32, 8: 16}
@@ -283,6 +277,24 @@ def _affine_case(op: str, dt: str, rows: int, cols: int):
     return cupy.empty_like(x), cunorm.rms_norm, (x, w)
 
 
+def _row_case(op: str, dt: str, rows: int, cols: int):
+    """:func:`_affine_case`, softmax included (no parameters)."""
+    if op != "softmax":
+        return _affine_case(op, dt, rows, cols)
+    x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    return cupy.empty_like(x), cunorm.softmax, (x,)
+
+
+def _planned(op: str):
+    """(kernel, block threads, dynamic smem) of the only plan in ``op``'s plan cache."""
+    entry = next(iter(sys.modules["cunorm.softmax" if op == "softmax" else "cunorm.norm"]
+                      ._PLANS.values()))
+    kern = next(e for e in entry if isinstance(e, cupy.RawKernel))
+    if op == "softmax":  # (plan, kernel, grid, block)
+        return kern, entry[3][0], entry[0].smem
+    return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem)
+
+
 def _triton_norm_gbps(op: str, args: tuple) -> float | None:
     """GB/s of the Triton norm peer on cunorm's arguments, None past its longest row."""
     import torch
@@ -361,7 +373,7 @@ def norm_variants(rows: int = 49152) -> None:
     each build's registers and local memory (NVRTC)."""
     from triton.testing import do_bench
 
-    from cunorm import _dispatch, norm
+    from cunorm import norm
 
     _warm_up()
     for op, dt, cols in NORM_VARIANT_CASES:
@@ -386,6 +398,114 @@ def norm_variants(rows: int = 49152) -> None:
     _build_with(())
 
 
+# Rows of 12288 and 16384 cols on the block-register path in blocks of more than 512 threads
+# (dispatcher BLOCK_WIDE_THREADS; 768 x 16 values for 12288 cols), against the same path capped
+# at 512 threads, blocks of 1024 x 12 values (target 12), the smem path and Triton.
+# (variant, dispatcher constants, path)
+WIDE_BLOCK_CASES = [(op, dt, cols) for op in ("layer_norm", "rms_norm", "softmax")
+                    for dt in ("float16", "bfloat16", "float32") for cols in (12288, 16384)]
+_WIDE_768 = {"BLOCK_WIDE_THREADS": (768, 1024)}
+WIDE_BLOCK_VARIANTS = [("default", {}, None), ("wide-768", _WIDE_768, "block"),
+                       ("block-512", {"BLOCK_WIDE_THREADS": ()}, "block"),
+                       ("target12", {**_WIDE_768, "BLOCK_TARGET_VALUES": 12}, "block"),
+                       ("smem", {}, "smem")]
+
+
+def wide_blocks(rows: int = 24576) -> None:
+    """GB/s of WIDE_BLOCK_CASES (norms with weight and bias) on each WIDE_BLOCK_VARIANTS plan,
+    with the plan's block size and the kernel's registers (NVRTC), next to Triton."""
+    from triton.testing import do_bench
+
+    from cunorm.bench import triton_kernels
+
+    _warm_up()
+    for op, dt, cols in WIDE_BLOCK_CASES:
+        y, fn, args = _row_case(op, dt, rows, cols)
+        print(f"{op} {dt} ({rows}, {cols})", flush=True)
+        for name, consts, path in WIDE_BLOCK_VARIANTS:
+            with _dispatch.override_constants(consts), _dispatch.force_path(path):
+                try:
+                    fn(*args, out=y)
+                except ValueError as err:
+                    print(f"  {name:10s} refused: {err}", flush=True)
+                    continue
+                kern, block, _ = _planned(op)
+                ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                              return_mode="median")
+            print(f"  {name:10s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s  block={block} "
+                  f"{kern.name[8:]} regs={kern.num_regs} local={kern.local_size_bytes}",
+                  flush=True)
+        if op == "softmax":
+            import torch
+
+            peer = functools.partial(triton_kernels.softmax, torch.from_dlpack(args[0]))
+            ms = do_bench(peer, warmup=10, rep=50, return_mode="median")
+            print(f"  triton     {2 * y.nbytes / ms / 1e6:5.0f} GB/s", flush=True)
+        else:
+            print(f"  triton     {_triton_norm_gbps(op, args):5.0f} GB/s", flush=True)
+        del y, args
+
+
+# Rows on the smem path with the kernel's shared-memory carveout preference set (percent of
+# the unified L1 / shared memory; -1: the driver's choice, which gives shared memory all it
+# can use), a smaller carveout leaving L1 room for the weight and bias every row reads again.
+CARVEOUT_CASES = [("layer_norm", "float16", 12288), ("layer_norm", "bfloat16", 12288),
+                  ("layer_norm", "float16", 32768), ("layer_norm", "float32", 12288),
+                  ("rms_norm", "float16", 12288), ("softmax", "float16", 12288)]
+CARVEOUTS = (-1, 50, 60, 70)
+
+
+def carveout(rows: int = 12288) -> None:
+    """GB/s of CARVEOUT_CASES (norms with weight and bias) on the default plan with each
+    CARVEOUTS setting, with the resident blocks per SM the occupancy API then reports."""
+    from triton.testing import do_bench
+
+    from cunorm._kernels import occupancy
+
+    _warm_up()
+    for op, dt, cols in CARVEOUT_CASES:
+        y, fn, args = _row_case(op, dt, rows, cols)
+        sys.modules["cunorm.softmax" if op == "softmax" else "cunorm.norm"]._PLANS.clear()
+        fn(*args, out=y)
+        kern, block, smem = _planned(op)
+        line = f"{op} {dt} ({rows}, {cols}) block={block} smem={smem}:"
+        for pct in CARVEOUTS:
+            kern.preferred_shared_memory_carveout = pct
+            fn(*args, out=y)
+            ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                          return_mode="median")
+            line += f"  {pct}% {2 * y.nbytes / ms / 1e6:5.0f} ({occupancy(kern, block, smem)} blk)"
+        kern.preferred_shared_memory_carveout = -1
+        print(line + " GB/s", flush=True)
+        del y, args
+
+
+# What the affine parameters cost on the smem path: layer_norm and rms_norm with and without
+# weight (and bias), next to softmax, on the same rows.
+AFFINE_COST_CASES = [("float16", 12288), ("float16", 32768), ("bfloat16", 12288)]
+
+
+def affine_cost(rows: int = 12288) -> None:
+    """GB/s of the norms on AFFINE_COST_CASES with weight and bias, weight only and neither."""
+    from triton.testing import do_bench
+
+    _warm_up()
+    for dt, cols in AFFINE_COST_CASES:
+        y, _, (x, w, b) = _affine_case("layer_norm", dt, rows, cols)
+        for name, fn, args in (("layer_norm w+b", cunorm.layer_norm, (x, w, b)),
+                               ("layer_norm w", cunorm.layer_norm, (x, w)),
+                               ("layer_norm", cunorm.layer_norm, (x,)),
+                               ("rms_norm w", cunorm.rms_norm, (x, w)),
+                               ("rms_norm", cunorm.rms_norm, (x,)),
+                               ("softmax", cunorm.softmax, (x,))):
+            fn(*args, out=y)
+            ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                          return_mode="median")
+            print(f"{dt} ({rows}, {cols}) {name:15s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s",
+                  flush=True)
+        del y, x, w, b
+
+
 # Long rows (512 KB and more) on the default plan and on a non-portable cluster of 16 blocks
 # (sm_90 allows 16 with cudaFuncAttributeNonPortableClusterSizeAllowed), to see whether
 # smaller slices per block beat the portable cluster of 8.
@@ -400,7 +520,7 @@ def long_rows() -> None:
     memory and uncached), each with the block size pick_block gives it."""
     from triton.testing import do_bench
 
-    from cunorm import _dispatch, _kernels
+    from cunorm import _kernels
     from cunorm._device import device_props
     from cunorm._dispatch import CTYPE, pick_block
 
@@ -501,7 +621,6 @@ def peer_kernels() -> None:
     and its Triton peer, then layer_norm float16 (49152, 8192) and its Triton peer."""
     import torch
 
-    from cunorm import _dispatch
     from cunorm.bench import triton_kernels
 
     x, w, b = _norm_inputs("float16", 8192)
@@ -691,4 +810,6 @@ if __name__ == "__main__":
      "decode-kernels": decode_kernels, "decode": decode,
      "gaps": gaps, "gap-kernels": gap_kernels, "norm-variants": norm_variants,
      "store-batch": store_batch, "long-rows": long_rows,
-     "placement": placement, "peer-kernels": peer_kernels}[sys.argv[1]]()
+     "placement": placement, "peer-kernels": peer_kernels,
+     "wide-blocks": wide_blocks, "carveout": carveout,
+     "affine-cost": affine_cost}[sys.argv[1]]()
