@@ -89,6 +89,15 @@ BLOCK_UNPADDED_MAX_COLS = {2: 16384, 4: 8192, 8: 0}
 NORM_BLOCK_MAX_COLS = {2: 3072, 4: 8192, 8: 0}
 BLOCK_TARGET_VALUES = 16
 BLOCK_THREADS = (128, 256, 512)
+# Rows in full 16-byte packs take any whole number of warps from 128 to 512 threads, so they
+# need not be padded to a power of two (5120 cols: 320 x 16 values, not 512 x 12 padding a
+# fifth). H200, 49152 rows, weight and bias, one run (tools/gpu_profile.py block-sizes), these
+# sizes against power-of-two ones as dispatched: layer_norm float32 5120 cols 4151 / 3321 GB/s,
+# 6144 4176 / 3767, 2052 3896 / 3570, bfloat16 5120 3682 / 3359; rms_norm float32 5120 4199 /
+# 3766; softmax float16 5120 4165 / 3925, 6144 4184 / 3896, float32 5120 4192 / 3970; at 3000
+# cols within -4% and +1% (192 x 16 against 128 x 24). Scalar rows lost (float32 softmax 769
+# cols: 288 x 3 values 2285, 128 x 8 2589), so narrower packs keep BLOCK_THREADS.
+BLOCK_WARP_THREADS = tuple(range(128, 513, 32))
 # Larger blocks of the block kernels written for an even number of resident 512-thread blocks
 # (rows.cuh CUNORM_BLOCK_BOUNDS: __launch_bounds__(1024, full / 2), the same register cap), for
 # rows in full 16-byte packs of at most BLOCK_TARGET_VALUES a thread (block_wide).
@@ -339,24 +348,34 @@ def block_wide(family: str, src: str, dst: str, pack: int) -> bool:
     return ITEMSIZE[src] == ITEMSIZE[dst] == 2
 
 
+def block_threads(family: str, src: str, dst: str, pack: int) -> tuple[int, ...]:
+    """Block sizes the block kernels of ``family`` for ``src -> dst`` with ``pack``-element
+    packs may take: BLOCK_WARP_THREADS for full 16-byte packs (and BLOCK_WIDE_THREADS where
+    :func:`block_wide`), else BLOCK_THREADS."""
+    if pack * max(ITEMSIZE[src], ITEMSIZE[dst]) != 16:
+        return BLOCK_THREADS
+    return BLOCK_WARP_THREADS + (BLOCK_WIDE_THREADS if block_wide(family, src, dst, pack) else ())
+
+
 def block_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
-                 wide: bool = False) -> tuple[int, int] | None:
+                 threads_options: tuple[int, ...] = BLOCK_THREADS) -> tuple[int, int] | None:
     """(threads, values per thread) for the block-register path, or None if the row does not
     fit in the registers of a block. Least padding first (idle lanes cost bandwidth: cols=3000
-    fp16 on 256 threads x 16 values ran at 80% of copy), then values per thread nearest
-    BLOCK_TARGET_VALUES. ``wide`` (:func:`block_wide`) adds BLOCK_WIDE_THREADS blocks of at
-    most BLOCK_TARGET_VALUES a thread to the 128-512 thread ones."""
+    fp16 on 256 threads x 16 values ran at 80% of copy) while it exceeds an eighth of the row,
+    then values per thread nearest BLOCK_TARGET_VALUES, then the least padding, over the block
+    sizes ``threads_options`` (:func:`block_threads`); blocks of more than 512 threads hold at
+    most BLOCK_TARGET_VALUES a thread."""
     best = None
-    for threads in BLOCK_THREADS + (BLOCK_WIDE_THREADS if wide else ()):
+    for threads in threads_options:
         need = _cdiv(_cdiv(cols, threads), pack)
         k = next((k for k in BLOCK_PACKS_PER_THREAD if k >= need), None)
         if k is None or k * pack > value_cap(family, "block", cbytes, pack):
             continue
-        if threads > BLOCK_THREADS[-1] and k * pack > BLOCK_TARGET_VALUES:
+        if threads > 512 and k * pack > BLOCK_TARGET_VALUES:
             continue
         waste = threads * k * pack - cols
         key = (waste > cols // 8, waste if waste > cols // 8 else 0,
-               abs(k * pack - BLOCK_TARGET_VALUES))
+               abs(k * pack - BLOCK_TARGET_VALUES), waste)
         if best is None or key < best[0]:
             best = (key, threads, k * pack)
     return None if best is None else (best[1], best[2])
@@ -420,7 +439,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
     if path == "block":
-        cfg = block_config(cols, pack, cbytes, family, block_wide(family, src, dst, pack))
+        cfg = block_config(cols, pack, cbytes, family, block_threads(family, src, dst, pack))
         if cfg is None:
             raise ValueError(f"path 'block' cannot hold cols={cols} in registers")
         threads, per_thread = cfg
@@ -466,10 +485,11 @@ def _choose_row_path(family: str, src: str, dst: str, cols: int, pack: int, cbyt
     if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family) is not None:
         return "warp"
     block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
-    bcfg = block_config(cols, pack, cbytes, family, block_wide(family, src, dst, pack))
+    bcfg = block_config(cols, pack, cbytes, family, block_threads(family, src, dst, pack))
+    full_packs = pack * max(isz, ITEMSIZE[dst]) == 16  # kernels compiled for several blocks
     if bcfg is not None and (cols <= block_max or (
-            cols <= BLOCK_UNPADDED_MAX_COLS[isz] and bcfg[1] <= BLOCK_TARGET_VALUES
-            and bcfg[0] * bcfg[1] - cols <= cols // 8)):
+            full_packs and cols <= BLOCK_UNPADDED_MAX_COLS[isz]
+            and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
         return "block"
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:
@@ -597,11 +617,11 @@ def all_kernel_names(arch: int) -> list[str]:
                 if cfg is not None:
                     names.add(f"cunorm::{family}_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
                               f"{cfg[2]}>")
-            wide = block_wide(family, src, dst, pack)
+            threads = block_threads(family, src, dst, pack)
             top = max(BLOCK_THREADS[-1] * BLOCK_MAX_VALUES[cbytes],
                       BLOCK_WIDE_THREADS[-1] * BLOCK_TARGET_VALUES)
             for cols in range(WARP_BLOCK, top + 1, pack * 32):
-                bcfg = block_config(cols, pack, cbytes, family, wide)
+                bcfg = block_config(cols, pack, cbytes, family, threads)
                 if bcfg is not None:
                     names.add(f"cunorm::{family}_block<{head}, {pack}, {bcfg[1]}>")
             for path in ("smem", "uncached"):

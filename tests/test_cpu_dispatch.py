@@ -237,10 +237,10 @@ def block_args(plan: d.LaunchPlan) -> tuple[int, int]:
 @pytest.mark.parametrize(
     ("src", "dst", "cols", "align", "threads", "pack", "per_thread"),
     [
-        ("float32", "float32", 769, 16, 128, 1, 8),  # all shapes pad 255: nearest 16 values
+        ("float32", "float32", 769, 16, 128, 1, 8),  # scalar packs: power-of-two blocks only
         ("float32", "float32", 1000, 16, 128, 4, 8),
         ("float32", "float32", 2048, 16, 128, 4, 16),
-        ("float32", "float32", 2052, 16, 256, 4, 12),  # 128 x 24 and 256 x 12 both pad 1020
+        ("float32", "float32", 2052, 16, 192, 4, 12),  # pads 252; 160 x 16 would pad 508
         ("float32", "float32", 4095, 16, 256, 1, 16),
         ("float32", "float32", 4096, 16, 256, 4, 16),
         ("float32", "float32", 8192, 16, 512, 4, 16),
@@ -250,7 +250,8 @@ def block_args(plan: d.LaunchPlan) -> tuple[int, int]:
         ("float16", "float16", 16384, 16, 1024, 8, 16),
         ("bfloat16", "bfloat16", 16384, 16, 1024, 8, 16),
         ("float16", "float32", 4096, 16, 256, 4, 16),
-        ("bfloat16", "bfloat16", 3000, 16, 128, 8, 24),  # 256 x 16 would pad 1096
+        ("bfloat16", "bfloat16", 3000, 16, 192, 8, 16),  # whole warps: 6 of them, pads 72
+        ("float32", "float32", 5120, 16, 320, 4, 16),  # not 512 x 12 padding a fifth
         ("float64", "float64", 2000, 16, 128, 2, 16),
         ("float64", "float64", 8192, 16, 512, 2, 16),
     ],
@@ -265,17 +266,18 @@ def test_block_config_forced(src: str, dst: str, cols: int, align: int, threads:
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_block_config_properties(src: str, dst: str) -> None:
-    """Every (threads, values) choice covers the row within the register budget (blocks of
+    """Every (threads, values) choice covers the row within the register budget on a block
+    size block_threads allows (whole warps for full 16-byte packs, powers of two otherwise;
     more than 512 threads only where block_wide allows them, at most BLOCK_TARGET_VALUES a
     thread), and pads at most 1/8 of the row whenever some choice does."""
     cbytes = d.compute_bytes(src, dst)
     isz = max(ITEMSIZE[src], ITEMSIZE[dst])
     for cols in range(64, d.BLOCK_WIDE_THREADS[-1] * d.BLOCK_TARGET_VALUES + 1, 7):
         for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16 and cols % p == 0):
-            wide = d.block_wide("softmax", src, dst, pack)
-            cfg = d.block_config(cols, pack, cbytes, "softmax", wide)
+            sizes = d.block_threads("softmax", src, dst, pack)
+            cfg = d.block_config(cols, pack, cbytes, "softmax", sizes)
             options = []
-            for t in d.BLOCK_THREADS + (d.BLOCK_WIDE_THREADS if wide else ()):
+            for t in sizes:
                 cap = d.BLOCK_MAX_VALUES[cbytes] if t <= 512 else d.BLOCK_TARGET_VALUES
                 k = next((k for k in d.BLOCK_PACKS_PER_THREAD if k * pack * t >= cols), None)
                 if k is not None and k * pack <= cap:
@@ -287,6 +289,18 @@ def test_block_config_properties(src: str, dst: str) -> None:
             threads, per_thread = cfg
             if any(t * v - cols <= cols // 8 for t, v in options):
                 assert threads * per_thread - cols <= cols // 8, (cols, pack, cfg)
+
+
+def test_block_threads_by_pack() -> None:
+    """Whole warps from 128 to 512 threads for full 16-byte packs (plus 1024 where block_wide),
+    128 / 256 / 512 for narrower ones."""
+    assert d.block_threads("softmax", "float16", "float16", 8) == (*range(128, 513, 32), 1024)
+    assert d.block_threads("softmax", "float32", "float32", 4) == tuple(range(128, 513, 32))
+    assert d.block_threads("softmax", "float16", "float32", 4) == tuple(range(128, 513, 32))
+    assert d.block_threads("norm", "float32", "float32", 4) == (*range(128, 513, 32), 1024)
+    for family, src, pack in (("softmax", "float32", 1), ("norm", "float16", 4),
+                              ("softmax", "float64", 1)):
+        assert d.block_threads(family, src, src, pack) == (128, 256, 512)
 
 
 def test_block_wide_pairs() -> None:
@@ -341,21 +355,24 @@ def _register_max(isz: int) -> int:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_block_path_unpadded_rows(dtype: str) -> None:
     """Past BLOCK_MAX_COLS softmax keeps a row in registers only when the block pads it by at
-    most an eighth with at most BLOCK_TARGET_VALUES a thread (the kernels compiled for several
-    resident blocks), up to BLOCK_UNPADDED_MAX_COLS (16384 cols in 1024-thread blocks for 16-bit
-    rows, 8192 for float32), and so do the norms."""
+    most an eighth with at most BLOCK_TARGET_VALUES a thread in full 16-byte packs (the kernels
+    compiled for several resident blocks), up to BLOCK_UNPADDED_MAX_COLS (16384 cols in
+    1024-thread blocks for 16-bit rows, 8192 for float32), and so do the norms."""
     isz = ITEMSIZE[dtype]
     plan = rows_plan(8192, dtype)
     assert plan.path == "block" and plan.block == 512 and block_args(plan)[1] == 16, plan
     for cols in range(d.BLOCK_MAX_COLS[isz] + 1, d.BLOCK_UNPADDED_MAX_COLS[isz] + 64, 61):
         plan = rows_plan(cols, dtype)
         pack = 16 // isz if cols % (16 // isz) == 0 else 1
-        cfg = d.block_config(cols, pack, 4, "softmax", d.block_wide("softmax", dtype, dtype, pack))
-        unpadded = (cfg is not None and cfg[1] <= d.BLOCK_TARGET_VALUES
+        sizes = d.block_threads("softmax", dtype, dtype, pack)
+        cfg = d.block_config(cols, pack, 4, "softmax", sizes)
+        unpadded = (pack * isz == 16 and cfg is not None and cfg[1] <= d.BLOCK_TARGET_VALUES
                     and cfg[0] * cfg[1] - cols <= cols // 8)
         want = "block" if cols <= d.BLOCK_UNPADDED_MAX_COLS[isz] and unpadded else "smem"
         assert plan.path == want, (cols, plan)
-    assert rows_plan(5120, dtype).path == "smem"  # 512 x 16 or 256 x 24 would pad 20%
+    plan = rows_plan(5120, dtype)  # 320 x 16, where 512 x 12 would pad a fifth
+    assert plan.path == "block" and plan.block == 320 and block_args(plan)[1] == 16, plan
+    assert rows_plan(5121, dtype).path == "smem"  # scalar packs
     assert rows_plan(12288, dtype).path == "smem"  # 512 x 24 values, or 1024 x 16 padding 1/3
     wide16 = "block" if isz == 2 else "smem"  # float32 softmax has no 1024-thread blocks
     assert rows_plan(16384, dtype).path == wide16
@@ -363,8 +380,8 @@ def test_block_path_unpadded_rows(dtype: str) -> None:
         assert rows_plan(8192, dtype, op=op).path == "block"
         plan = rows_plan(16384, dtype, op=op)
         assert plan.path == wide16 and (isz == 4 or plan.block == 1024), plan
-        if 5120 > d.NORM_BLOCK_MAX_COLS[isz]:  # float32 norms take any row up to 8192
-            assert rows_plan(5120, dtype, op=op).path == "smem"
+        if 5121 > d.NORM_BLOCK_MAX_COLS[isz]:  # float32 norms take any row up to 8192
+            assert rows_plan(5121, dtype, op=op).path == "smem"
 
 
 # --- block shared memory and clusters -----------------------------------------------------
@@ -871,7 +888,8 @@ def test_grid_shapes(props: DeviceProps, src: str, dst: str) -> None:
             for align in (1, 16):
                 plan = rows_plan(cols, src, dst, rows=rows, props=props, align=align)
                 assert 1 <= plan.grid <= d.MAX_GRID, (rows, cols, plan)
-                assert plan.block in (d.WARP_BLOCK, d.UNCACHED_BLOCK, *d.BLOCK_SIZES)
+                assert plan.block in (d.WARP_BLOCK, d.UNCACHED_BLOCK, *d.BLOCK_SIZES,
+                                      *d.BLOCK_WARP_THREADS, *d.BLOCK_WIDE_THREADS)
                 assert 0 <= plan.smem <= smem_capacity(props), (cols, plan)
                 if plan.path == "warp":
                     _, _, group, rpg = warp_args(plan)
@@ -1065,7 +1083,7 @@ def test_norms_have_no_strided_path() -> None:
 
 @pytest.mark.parametrize(("op", "src", "cols", "path"), [
     ("layer_norm", "float32", 8192, "block"), ("softmax", "float32", 12288, "smem"),
-    ("rms_norm", "float16", 3000, "block"), ("layer_norm", "float16", 5120, "smem"),
+    ("rms_norm", "float16", 3000, "block"), ("layer_norm", "float16", 5121, "smem"),
     ("softmax", "float16", 4096, "block"), ("layer_norm", "bfloat16", 3072, "block"),
 ])
 def test_norm_block_limits(op: str, src: str, cols: int, path: str) -> None:

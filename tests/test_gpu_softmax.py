@@ -62,8 +62,9 @@ def can_force(path: str, cols: int, dtype) -> bool:
     if path == "warp":
         return _dispatch.warp_config(cols, pack, cb) is not None
     if path == "block":
-        wide = _dispatch.block_wide("softmax", np.dtype(dtype).name, np.dtype(dtype).name, pack)
-        return _dispatch.block_config(cols, pack, cb, "softmax", wide) is not None
+        name = np.dtype(dtype).name
+        sizes = _dispatch.block_threads("softmax", name, name, pack)
+        return _dispatch.block_config(cols, pack, cb, "softmax", sizes) is not None
     if path == "smem":
         return _dispatch.smem_config(cols, pack, isz, props, (1,)) is not None
     if path == "cluster":

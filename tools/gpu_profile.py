@@ -10,7 +10,8 @@ attention-kernels`` runs one bf16 forward per head dim; ``decode-kernels`` one d
 per KV length (for ncu); ``attention-overhead`` gives the host and GPU time of a decoding call
 with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list;
 ``norm-variants`` times the norms' block kernels built with other resident-block counts;
-``wide-blocks`` the 12288- and 16384-column rows on 768- and 1024-thread blocks;
+``wide-blocks`` the 12288- and 16384-column rows on 768- and 1024-thread blocks,
+``block-sizes`` rows on blocks of any whole number of warps against power-of-two blocks;
 ``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
 there with and without weight and bias.
 """
@@ -411,18 +412,30 @@ WIDE_BLOCK_VARIANTS = [("default", {}, None), ("wide-768", _WIDE_768, "block"),
                        ("smem", {}, "smem")]
 
 
-def wide_blocks(rows: int = 24576) -> None:
-    """GB/s of WIDE_BLOCK_CASES (norms with weight and bias) on each WIDE_BLOCK_VARIANTS plan,
-    with the plan's block size and the kernel's registers (NVRTC), next to Triton."""
+# Rows whose packs do not fill a power-of-two block: the block path in blocks of any whole
+# number of warps (dispatcher BLOCK_THREADS) against power-of-two blocks only (as dispatched,
+# and forced onto the block path), the smem path and Triton.
+BLOCK_SIZE_CASES = [(op, dt, cols) for op in ("layer_norm", "rms_norm", "softmax")
+                    for dt in ("float16", "bfloat16", "float32") for cols in (3000, 5120, 6144)]
+BLOCK_SIZE_CASES += [("softmax", "float32", 769), ("layer_norm", "float32", 2052)]
+_POW2 = {"BLOCK_THREADS": (128, 256, 512)}
+BLOCK_SIZE_VARIANTS = [("default", {}, None), ("pow2", _POW2, None),
+                       ("pow2-block", _POW2, "block"), ("smem", {}, "smem")]
+
+
+def block_variants(cases, variants, rows: int) -> None:
+    """GB/s of each (op, dtype, cols) case (norms with weight and bias) on each (name,
+    dispatcher constants, forced path) variant, with the plan's block size and the kernel's
+    registers (NVRTC), next to Triton."""
     from triton.testing import do_bench
 
     from cunorm.bench import triton_kernels
 
     _warm_up()
-    for op, dt, cols in WIDE_BLOCK_CASES:
+    for op, dt, cols in cases:
         y, fn, args = _row_case(op, dt, rows, cols)
         print(f"{op} {dt} ({rows}, {cols})", flush=True)
-        for name, consts, path in WIDE_BLOCK_VARIANTS:
+        for name, consts, path in variants:
             with _dispatch.override_constants(consts), _dispatch.force_path(path):
                 try:
                     fn(*args, out=y)
@@ -811,5 +824,7 @@ if __name__ == "__main__":
      "gaps": gaps, "gap-kernels": gap_kernels, "norm-variants": norm_variants,
      "store-batch": store_batch, "long-rows": long_rows,
      "placement": placement, "peer-kernels": peer_kernels,
-     "wide-blocks": wide_blocks, "carveout": carveout,
+     "wide-blocks": lambda: block_variants(WIDE_BLOCK_CASES, WIDE_BLOCK_VARIANTS, 24576),
+     "block-sizes": lambda: block_variants(BLOCK_SIZE_CASES, BLOCK_SIZE_VARIANTS, 49152),
+     "carveout": carveout,
      "affine-cost": affine_cost}[sys.argv[1]]()

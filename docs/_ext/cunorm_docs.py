@@ -263,6 +263,7 @@ def dispatch_substitutions() -> str:
         "warp_values": d.WARP_MAX_VALUES_PER_THREAD[4],
         "warp_values_f64": d.WARP_MAX_VALUES_PER_THREAD[8],
         "block_threads": choices(d.BLOCK_THREADS),
+        "block_warp": f"{d.BLOCK_WARP_THREADS[0]} to {d.BLOCK_WARP_THREADS[-1]}",
         "block_values": d.BLOCK_MAX_VALUES[4],
         "block_target": d.BLOCK_TARGET_VALUES,
         "block_wide": choices(d.BLOCK_WIDE_THREADS),
