@@ -307,6 +307,23 @@ def pick_block(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int]:
     return BLOCK_SIZES[0], base
 
 
+def pick_block_threads(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int]:
+    """The block size with the most resident threads (block x blocks per SM), the smaller on a
+    tie: a norm's shared-memory path waits on its weight and bias loads at the stores, and more
+    resident warps hide that better than more resident rows. H200, 24576 rows, weight and
+    bias (tools/gpu_profile.py smem-blocks), against :func:`pick_block`'s choice: layer_norm
+    float16 12288 cols 256 x 6 blocks 3582 GB/s against 128 x 8 3284, bfloat16 3482 / 3187,
+    rms_norm bfloat16 32768 cols 512 x 2 3914 against 256 x 3 3405; the other norm cells
+    within 2% of the best fixed size. Returns (block, blocks per SM); blocks per SM is 0 if no
+    block size fits."""
+    best = (BLOCK_SIZES[0], 0)
+    for block in BLOCK_SIZES:
+        per_sm = occ(kernel, block, smem)
+        if block * per_sm > best[0] * best[1]:
+            best = (block, per_sm)
+    return best
+
+
 # --- row-wise (rows, cols) --------------------------------------------------------------
 def value_cap(family: str, path: str, cbytes: int, pack: int) -> int:
     """Most row values one thread may hold on the ``"warp"`` or ``"block"`` path."""
@@ -524,7 +541,8 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
     # the cluster-free one (nvcc 13, sm_90: bfloat16 softmax with 8-element packs, 40 alone and
     # 54 in a cluster of 8), and a block size sized for the smaller count left 64 KB slices
     # at 2 resident blocks per SM instead of 3.
-    block, per_sm = pick_block(name, smem, occ)
+    picker = pick_block_threads if family == "norm" and cluster == 1 else pick_block
+    block, per_sm = picker(name, smem, occ)
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
     if cluster == 1:

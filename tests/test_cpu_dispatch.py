@@ -104,6 +104,19 @@ def test_max_pack_properties(itemsize: int, align: int) -> None:
         assert wider * itemsize > 16 or cols % wider or align % wider  # largest such pack
 
 
+def test_pick_block_threads_most_resident_threads() -> None:
+    """The norms' single-block smem plans: most resident threads, the smaller block on a tie,
+    (block, 0) when nothing fits; clusters and softmax keep pick_block."""
+    assert d.pick_block_threads("k", 0, lambda k, b, s: {128: 8, 256: 6, 512: 3}[b]) == (256, 6)
+    assert d.pick_block_threads("k", 0, lambda k, b, s: {128: 3, 256: 3, 512: 3}[b]) == (512, 3)
+    assert d.pick_block_threads("k", 0, lambda k, b, s: 16 * 128 // b) == (128, 16)
+    assert d.pick_block_threads("k", 0, lambda k, b, s: 0) == (128, 0)
+    occ = lambda k, b, s: {128: 8, 256: 6, 512: 3}[b]  # noqa: E731
+    assert rows_plan(12288, "float16", op="layer_norm", occ=occ).block == 256
+    assert rows_plan(12288, "float16", op="softmax", occ=occ).block == 128
+    assert rows_plan(12288, "float16", op="layer_norm", occ=occ, force="cluster").block == 128
+
+
 def test_pick_block_keeps_occupancy_of_smallest_block() -> None:
     table = {128: 8, 256: 8, 512: 4, 1024: 2}
     assert d.pick_block("cunorm::k", 0, lambda k, b, s: table[b]) == (256, 8)

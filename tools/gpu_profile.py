@@ -11,9 +11,10 @@ per KV length (for ncu); ``attention-overhead`` gives the host and GPU time of a
 with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list;
 ``norm-variants`` times the norms' block kernels built with other resident-block counts;
 ``wide-blocks`` the 12288- and 16384-column rows on 768- and 1024-thread blocks,
-``block-sizes`` rows on blocks of any whole number of warps against power-of-two blocks;
+``block-sizes`` rows on blocks of any whole number of warps against power-of-two blocks,
+``smem-blocks`` the smem path at fixed block sizes;
 ``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
-there with and without weight and bias.
+there with and without weight and bias (``affine-kernels``: one launch each, for ncu).
 """
 
 from __future__ import annotations
@@ -423,6 +424,20 @@ BLOCK_SIZE_VARIANTS = [("default", {}, None), ("pow2", _POW2, None),
                        ("pow2-block", _POW2, "block"), ("smem", {}, "smem")]
 
 
+# The smem path at each block size, next to the dispatched one (the norms: pick_block_threads;
+# OneFlow's pick_block kept the resident-block count of a 128-thread block: 8 x 128 threads for
+# 12288 16-bit cols, where the affine stores wait on their weight and bias loads, ncu:
+# affine-kernels).
+SMEM_BLOCK_CASES = [("layer_norm", dt, cols) for dt in ("float16", "bfloat16", "float32")
+                    for cols in (12288, 32768)]
+SMEM_BLOCK_CASES += [("rms_norm", "float16", 12288), ("rms_norm", "bfloat16", 32768),
+                     ("layer_norm", "float32", 16384), ("rms_norm", "float32", 16384),
+                     ("layer_norm", "float16", 20480), ("layer_norm", "bfloat16", 49152)]
+SMEM_BLOCK_VARIANTS = [("default", {}, None), ("smem-128", {"BLOCK_SIZES": (128,)}, "smem"),
+                       ("smem-256", {"BLOCK_SIZES": (256,)}, "smem"),
+                       ("smem-512", {"BLOCK_SIZES": (512,)}, "smem")]
+
+
 def block_variants(cases, variants, rows: int) -> None:
     """GB/s of each (op, dtype, cols) case (norms with weight and bias) on each (name,
     dispatcher constants, forced path) variant, with the plan's block size and the kernel's
@@ -454,8 +469,8 @@ def block_variants(cases, variants, rows: int) -> None:
             peer = functools.partial(triton_kernels.softmax, torch.from_dlpack(args[0]))
             ms = do_bench(peer, warmup=10, rep=50, return_mode="median")
             print(f"  triton     {2 * y.nbytes / ms / 1e6:5.0f} GB/s", flush=True)
-        else:
-            print(f"  triton     {_triton_norm_gbps(op, args):5.0f} GB/s", flush=True)
+        elif (peer := _triton_norm_gbps(op, args)) is not None:
+            print(f"  triton     {peer:5.0f} GB/s", flush=True)
         del y, args
 
 
@@ -516,6 +531,31 @@ def affine_cost(rows: int = 12288) -> None:
                           return_mode="median")
             print(f"{dt} ({rows}, {cols}) {name:15s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s",
                   flush=True)
+        del y, x, w, b
+
+
+def affine_kernels(rows: int = 12288) -> None:
+    """One launch each, for ncu, in this order: float16 layer_norm with weight and bias,
+    without them, and rms_norm with weight on 12288 cols (smem path), layer_norm with weight
+    and bias there again with the driver's carveout and with a 50% one; then the first three
+    on 16384 cols (block path, 1024 threads)."""
+    for cols in (12288, 16384):
+        y, _, (x, w, b) = _affine_case("layer_norm", "float16", rows, cols)
+        calls = [(cunorm.layer_norm, (x, w, b)), (cunorm.layer_norm, (x,)),
+                 (cunorm.rms_norm, (x, w))]
+        for fn, args in calls:  # one launch each (the first call also compiles and plans)
+            print(f"launch: {fn.__name__} float16 ({rows}, {cols}) {len(args) - 1} params",
+                  flush=True)
+            fn(*args, out=y)
+        if cols == 12288:
+            sys.modules["cunorm.norm"]._PLANS.clear()
+            cunorm.layer_norm(x, w, b, out=y)
+            kern, _, _ = _planned("layer_norm")
+            kern.preferred_shared_memory_carveout = 50
+            print("launch: layer_norm float16 (12288, 12288) 2 params, carveout 50%", flush=True)
+            cunorm.layer_norm(x, w, b, out=y)
+            kern.preferred_shared_memory_carveout = -1
+        cupy.cuda.Device().synchronize()
         del y, x, w, b
 
 
@@ -826,5 +866,6 @@ if __name__ == "__main__":
      "placement": placement, "peer-kernels": peer_kernels,
      "wide-blocks": lambda: block_variants(WIDE_BLOCK_CASES, WIDE_BLOCK_VARIANTS, 24576),
      "block-sizes": lambda: block_variants(BLOCK_SIZE_CASES, BLOCK_SIZE_VARIANTS, 49152),
+     "smem-blocks": lambda: block_variants(SMEM_BLOCK_CASES, SMEM_BLOCK_VARIANTS, 24576),
      "carveout": carveout,
-     "affine-cost": affine_cost}[sys.argv[1]]()
+     "affine-cost": affine_cost, "affine-kernels": affine_kernels}[sys.argv[1]]()
