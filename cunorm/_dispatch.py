@@ -349,6 +349,12 @@ def warp_config(cols: int, pack: int, cbytes: int,
     return k * pack, 32, 1
 
 
+def full_packs(src: str, dst: str, pack: int) -> bool:
+    """Whether ``pack``-element packs of a ``src -> dst`` row move 16 bytes on the wider side:
+    the block kernels compiled for several resident blocks (rows.cuh CUNORM_BLOCK_BOUNDS)."""
+    return pack * max(ITEMSIZE[src], ITEMSIZE[dst]) == 16
+
+
 def block_wide(family: str, src: str, dst: str, pack: int) -> bool:
     """Whether the block kernels of ``family`` for ``src -> dst`` with ``pack``-element packs
     take BLOCK_WIDE_THREADS blocks when a thread holds at most BLOCK_TARGET_VALUES values.
@@ -357,8 +363,7 @@ def block_wide(family: str, src: str, dst: str, pack: int) -> bool:
     even number of resident 512-thread blocks (the ``full`` argument of norm.cu's and
     softmax.cu's block kernels: 4 for 16-bit data, 2 for float32 norms; 3 for the other
     softmax pairs and 1 for float64 are odd)."""
-    wide = max(ITEMSIZE[src], ITEMSIZE[dst])
-    if pack * wide != 16:
+    if not full_packs(src, dst, pack):
         return False
     if family == "norm":
         return ITEMSIZE[src] in (2, 4)
@@ -369,7 +374,7 @@ def block_threads(family: str, src: str, dst: str, pack: int) -> tuple[int, ...]
     """Block sizes the block kernels of ``family`` for ``src -> dst`` with ``pack``-element
     packs may take: BLOCK_WARP_THREADS for full 16-byte packs (and BLOCK_WIDE_THREADS where
     :func:`block_wide`), else BLOCK_THREADS."""
-    if pack * max(ITEMSIZE[src], ITEMSIZE[dst]) != 16:
+    if not full_packs(src, dst, pack):
         return BLOCK_THREADS
     return BLOCK_WARP_THREADS + (BLOCK_WIDE_THREADS if block_wide(family, src, dst, pack) else ())
 
@@ -388,7 +393,7 @@ def block_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
         k = next((k for k in BLOCK_PACKS_PER_THREAD if k >= need), None)
         if k is None or k * pack > value_cap(family, "block", cbytes, pack):
             continue
-        if threads > 512 and k * pack > BLOCK_TARGET_VALUES:
+        if threads > BLOCK_THREADS[-1] and k * pack > BLOCK_TARGET_VALUES:
             continue
         waste = threads * k * pack - cols
         key = (waste > cols // 8, waste if waste > cols // 8 else 0,
@@ -503,9 +508,8 @@ def _choose_row_path(family: str, src: str, dst: str, cols: int, pack: int, cbyt
         return "warp"
     block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
     bcfg = block_config(cols, pack, cbytes, family, block_threads(family, src, dst, pack))
-    full_packs = pack * max(isz, ITEMSIZE[dst]) == 16  # kernels compiled for several blocks
     if bcfg is not None and (cols <= block_max or (
-            full_packs and cols <= BLOCK_UNPADDED_MAX_COLS[isz]
+            full_packs(src, dst, pack) and cols <= BLOCK_UNPADDED_MAX_COLS[isz]
             and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
         return "block"
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(

@@ -54,22 +54,16 @@ def random_input(shape, dtype, seed=0, scale=3.0):
 
 
 def can_force(path: str, cols: int, dtype) -> bool:
-    """Whether the dispatcher can put a row of ``cols`` elements of ``dtype`` on ``path``."""
-    isz = np.dtype(dtype).itemsize
-    cb = 8 if np.dtype(dtype).name == "float64" else 4
+    """Whether the dispatcher can put a row of ``cols`` elements of ``dtype`` on ``path``: asks
+    the planner itself (forcing an impossible path raises ValueError at plan time), with an
+    occupancy oracle that lets every block fit."""
+    name = np.dtype(dtype).name
     props = cunorm._device.device_props(0)
-    pack = _dispatch.max_pack(cols, isz, 16)
-    if path == "warp":
-        return _dispatch.warp_config(cols, pack, cb) is not None
-    if path == "block":
-        name = np.dtype(dtype).name
-        sizes = _dispatch.block_threads("softmax", name, name, pack)
-        return _dispatch.block_config(cols, pack, cb, "softmax", sizes) is not None
-    if path == "smem":
-        return _dispatch.smem_config(cols, pack, isz, props, (1,)) is not None
-    if path == "cluster":
-        return props.has_clusters and _dispatch.smem_config(
-            cols, pack, isz, props, _dispatch.CLUSTER_SIZES) is not None
+    try:
+        _dispatch.plan_rows("softmax", name, name, 1, cols, 16, props,
+                            lambda kernel, block, smem: 1, force=path)
+    except ValueError:
+        return False
     return True
 
 

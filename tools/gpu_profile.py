@@ -180,6 +180,8 @@ GAP_CASES = [("softmax", "float16", 8192, 49152), ("softmax", "bfloat16", 8192, 
              ("layer_norm", "bfloat16", 8192, 49152), ("layer_norm", "float32", 8192, 49152),
              ("layer_norm", "float32", 16384, 24576), ("layer_norm", "float16", 16384, 24576)]
 GAP_PATHS = (None, "warp", "block", "smem", "cluster")
+# the block path's value caps raised while the gap tools run
+_GAP_LIMITS = {"BLOCK_MAX_VALUES": {4: 32, 8: 16}, "NORM_BLOCK_MAX_VALUES_SCALAR": {4: 32, 8: 16}}
 
 
 def _gap_calls():
@@ -188,8 +190,6 @@ def _gap_calls():
 
     from cunorm.bench import triton_kernels
 
-    _dispatch.BLOCK_MAX_VALUES = {4: 32, 8: 16}
-    _dispatch.NORM_BLOCK_MAX_VALUES_SCALAR = {4: 32, 8: 16}
     calls = []
     for op, dt, cols, rows in GAP_CASES:
         x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
@@ -230,33 +230,29 @@ def gaps() -> None:
     build, which can differ from nvcc's)."""
     from triton.testing import do_bench
 
-    softmax, norm = sys.modules["cunorm.softmax"], sys.modules["cunorm.norm"]
-    for label, fn, nbytes in _gap_calls():
-        ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
-        line = f"{label:48s} {2 * nbytes / ms / 1e6:6.0f} GB/s"
-        if not label.endswith("triton"):
-            plans = (softmax if label.startswith("softmax") else norm)._PLANS
-            softmax._PLANS.clear()
-            norm._PLANS.clear()
-            fn()
-            entry = next(iter(plans.values()))
-            kern = next(e for e in entry if isinstance(e, cupy.RawKernel))
-            line += (f"  {kern.name.split('<')[0][8:]} regs={kern.num_regs} "
-                     f"local={kern.local_size_bytes}")
-        print(line, flush=True)
+    with _dispatch.override_constants(_GAP_LIMITS):
+        for label, fn, nbytes in _gap_calls():
+            ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+            line = f"{label:48s} {2 * nbytes / ms / 1e6:6.0f} GB/s"
+            if not label.endswith("triton"):
+                kern, _, _ = _fresh_plan(label.split()[0], fn)
+                line += (f"  {kern.name.split('<')[0][8:]} regs={kern.num_regs} "
+                         f"local={kern.local_size_bytes}")
+            print(line, flush=True)
 
 
 def gap_kernels() -> None:
     """One launch of each GAP_CASES call (after a warm-up), for ncu."""
     import torch
 
-    calls = _gap_calls()
-    cupy.cuda.Device().synchronize()
-    for label, fn, _ in calls:
-        print("launch:", label, flush=True)
-        fn()
+    with _dispatch.override_constants(_GAP_LIMITS):
+        calls = _gap_calls()
         cupy.cuda.Device().synchronize()
-        torch.cuda.synchronize()
+        for label, fn, _ in calls:
+            print("launch:", label, flush=True)
+            fn()
+            cupy.cuda.Device().synchronize()
+            torch.cuda.synchronize()
 
 
 STORE_BATCH_CASES = [
@@ -297,6 +293,13 @@ def _planned(op: str):
     return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem)
 
 
+def _fresh_plan(op: str, run):
+    """:func:`_planned` of the plan ``run()`` makes with every cached plan dropped first."""
+    _dispatch._drop_cached_plans()
+    run()
+    return _planned(op)
+
+
 def _triton_norm_gbps(op: str, args: tuple) -> float | None:
     """GB/s of the Triton norm peer on cunorm's arguments, None past its longest row."""
     import torch
@@ -315,14 +318,14 @@ def _triton_norm_gbps(op: str, args: tuple) -> float | None:
 
 def _build_with(options: tuple[str, ...]) -> None:
     """Compile kernels from now on with these NVRTC options added (empty: as shipped), the
-    kernel and norm plan caches emptied."""
-    from cunorm import _kernels, norm
+    kernel and plan caches emptied."""
+    from cunorm import _kernels
 
     base = getattr(_kernels, "_shipped_options", _kernels.compile_options)
     _kernels._shipped_options = base
     _kernels.compile_options = (lambda arch, op_file="": (*base(arch, op_file), *options))
     _kernels._KERNELS.clear()
-    norm._PLANS.clear()
+    _dispatch._drop_cached_plans()
 
 
 def _warm_up() -> None:
@@ -375,8 +378,6 @@ def norm_variants(rows: int = 49152) -> None:
     each build's registers and local memory (NVRTC)."""
     from triton.testing import do_bench
 
-    from cunorm import norm
-
     _warm_up()
     for op, dt, cols in NORM_VARIANT_CASES:
         y, fn, args = _affine_case(op, dt, rows, cols)
@@ -386,8 +387,7 @@ def norm_variants(rows: int = 49152) -> None:
         for name, opts, path in runs:
             _build_with(opts)
             with _dispatch.force_path(path):
-                fn(*args, out=y)
-                kern = next(iter(norm._PLANS.values()))[0]
+                kern, _, _ = _fresh_plan(op, functools.partial(fn, *args, out=y))
                 ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
                               return_mode="median")
             print(f"  {name:14s} {path or 'default':8s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s  "
@@ -493,9 +493,7 @@ def carveout(rows: int = 12288) -> None:
     _warm_up()
     for op, dt, cols in CARVEOUT_CASES:
         y, fn, args = _row_case(op, dt, rows, cols)
-        sys.modules["cunorm.softmax" if op == "softmax" else "cunorm.norm"]._PLANS.clear()
-        fn(*args, out=y)
-        kern, block, smem = _planned(op)
+        kern, block, smem = _fresh_plan(op, functools.partial(fn, *args, out=y))
         line = f"{op} {dt} ({rows}, {cols}) block={block} smem={smem}:"
         for pct in CARVEOUTS:
             kern.preferred_shared_memory_carveout = pct
@@ -548,9 +546,8 @@ def affine_kernels(rows: int = 12288) -> None:
                   flush=True)
             fn(*args, out=y)
         if cols == 12288:
-            sys.modules["cunorm.norm"]._PLANS.clear()
-            cunorm.layer_norm(x, w, b, out=y)
-            kern, _, _ = _planned("layer_norm")
+            kern, _, _ = _fresh_plan("layer_norm", functools.partial(cunorm.layer_norm, x, w, b,
+                                                                     out=y))
             kern.preferred_shared_memory_carveout = 50
             print("launch: layer_norm float16 (12288, 12288) 2 params, carveout 50%", flush=True)
             cunorm.layer_norm(x, w, b, out=y)
