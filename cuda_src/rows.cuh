@@ -278,8 +278,8 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ S1 scratch1[33];
   __shared__ A scratch2[33];
-  __shared__ S1 slot1;  // this block's partial statistics, read by the cluster's peers
-  __shared__ A slot2;
+  __shared__ ClusterMail<S1, CLUSTER> mail1;  // the blocks' partial statistics
+  __shared__ ClusterMail<A, CLUSTER> mail2;
   const i64 npacks = cols / PACK;
   const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
   const unsigned rank = Cluster<CLUSTER>::rank();
@@ -288,12 +288,19 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   const int step = blockDim.x;
   const i64 nclusters = gridDim.x / CLUSTER;
   RawPack* const cache = reinterpret_cast<RawPack*>(smem_raw);
+  if (threadIdx.x == 0) {
+    mail1.open();
+    mail2.open();
+  }
+  Cluster<CLUSTER>::arrive_relaxed();
+  unsigned k = 0;  // exchanges so far (mail phase)
   // Each thread fills, reads and writes the same packs: its own cp.async wait makes them
   // visible to it, no block barrier is needed for the data.
-  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters) {
+  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters, ++k) {
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
       load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
     copy_async_commit();
+    if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open (with the loads in flight)
     copy_async_wait<0>();
     S1 s1 = S1();
     if constexpr (OP::kFirst) {
@@ -304,8 +311,8 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
 #pragma unroll
         for (int i = 0; i < PACK; ++i) t = op.first(t, v[i]);
       }
-      s1 = op.middle(cluster_all_reduce<typename OP::R1, CLUSTER>(
-                         block_all_reduce<typename OP::R1>(t, scratch1), &slot1),
+      s1 = op.middle(mail1.template exchange<typename OP::R1>(
+                         block_all_reduce<typename OP::R1>(t, scratch1), k),
                      cols);
     }
     A t2 = A{};
@@ -321,8 +328,7 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
         cache[p - pack_begin] = e;
       }
     }
-    const A s2 = cluster_all_reduce<SumOp<A>, CLUSTER>(
-        block_all_reduce<SumOp<A>>(t2, scratch2), &slot2);
+    const A s2 = mail2.template exchange<SumOp<A>>(block_all_reduce<SumOp<A>>(t2, scratch2), k);
     const typename OP::Fin fin = op.finish(s1, s2, cols);
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
     constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
@@ -355,9 +361,9 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
         }
       }
     }
+    // The next row's exchanges rewrite the peers' slots: every block must be done reading.
+    if (CLUSTER > 1 && row + nclusters < rows) Cluster<CLUSTER>::sync();
   }
-  // No block may leave while a peer can still read its slots.
-  if (CLUSTER > 1) Cluster<CLUSTER>::sync();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -376,7 +382,7 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
   // and values would not fit the registers of a 512-thread block with scalar packs).
   constexpr int kUnroll = kUnrollValues * 4 / static_cast<int>(sizeof(C)) / PACK;
   __shared__ S scratch[33];
-  __shared__ S slots[2];  // this block's partial state, by row parity, for the peers
+  __shared__ ClusterMail<S, CLUSTER> mail;  // the blocks' partial states
   const i64 npacks = cols / PACK;
   const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
   const unsigned rank = Cluster<CLUSTER>::rank();
@@ -384,8 +390,11 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
   const i64 pack_end = min(npacks, pack_begin + packs_per_block);
   const int step = blockDim.x;
   const auto load2 = load.second();
-  int parity = 0;
-  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += gridDim.x / CLUSTER, parity ^= 1) {
+  if (threadIdx.x == 0) mail.open();
+  Cluster<CLUSTER>::arrive_relaxed();
+  unsigned k = 0;  // exchanges so far (mail phase)
+  const i64 nclusters = gridDim.x / CLUSTER;
+  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters, ++k) {
     S st;
     st.init();
     for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
@@ -396,7 +405,8 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
       }, [&](int u) { return v[u]; });
       st.template add<kUnroll * PACK>(&v[0][0], nvalid);  // one merge per chunk
     }
-    st = cluster_all_reduce_state<CLUSTER>(block_all_reduce_state(st, scratch), slots, parity);
+    if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open
+    st = mail.template exchange<CombineOp<S>>(block_all_reduce_state(st, scratch), k);
     const typename OP::Fin fin = op.finish_online(st, cols);
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
     for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {
@@ -427,8 +437,9 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
         }
       }
     }
+    // The next row's exchange rewrites the peers' slots: every block must be done reading.
+    if (CLUSTER > 1 && row + nclusters < rows) Cluster<CLUSTER>::sync();
   }
-  if (CLUSTER > 1) Cluster<CLUSTER>::sync();  // peers may still read this block's slots
 }
 
 }  // namespace cunorm

@@ -30,6 +30,9 @@ class DeviceProps:
         Shared memory per multiprocessor (bytes).
     l2_bytes : int
         L2 cache size (bytes).
+    max_cluster : int
+        Largest thread-block cluster the row kernels may launch on sm_90 and later: 8 (the
+        portable maximum) or 16 where the device allows non-portable cluster sizes.
     """
 
     name: str
@@ -39,6 +42,7 @@ class DeviceProps:
     smem_per_block_optin: int
     smem_per_sm: int
     l2_bytes: int
+    max_cluster: int = 8
 
     @property
     def arch(self) -> int:
@@ -49,6 +53,23 @@ class DeviceProps:
     def has_clusters(self) -> bool:
         """Thread-block clusters and distributed shared memory (sm_90 and later)."""
         return self.cc[0] >= 9
+
+
+# Non-portable clusters of 16 blocks: every full-size sm_90 part (H100 PCIe has 114 SMs, H100
+# SXM and H200 132) schedules them; smaller sm_90 parts and MIG slices keep the portable 8.
+NONPORTABLE_CLUSTER_MIN_SMS = 114
+
+
+def max_cluster_size(cc: tuple[int, int], sm_count: int) -> int:
+    """Largest cluster the row kernels use on a device: 16 on sm_90 with at least
+    NONPORTABLE_CLUSTER_MIN_SMS multiprocessors, else 8 (ignored below sm_90).
+
+    Examples
+    --------
+    >>> max_cluster_size((9, 0), 132), max_cluster_size((9, 0), 78), max_cluster_size((8, 0), 108)
+    (16, 8, 8)
+    """
+    return 16 if cc == (9, 0) and sm_count >= NONPORTABLE_CLUSTER_MIN_SMS else 8
 
 
 @functools.cache
@@ -64,12 +85,14 @@ def device_props(device_id: int) -> DeviceProps:
 
     p = cupy.cuda.runtime.getDeviceProperties(device_id)
     name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+    cc, sm_count = (int(p["major"]), int(p["minor"])), int(p["multiProcessorCount"])
     return DeviceProps(
         name=name,
-        cc=(int(p["major"]), int(p["minor"])),
-        sm_count=int(p["multiProcessorCount"]),
+        cc=cc,
+        sm_count=sm_count,
         max_threads_per_sm=int(p["maxThreadsPerMultiProcessor"]),
         smem_per_block_optin=int(p["sharedMemPerBlockOptin"]),
         smem_per_sm=int(p["sharedMemPerMultiprocessor"]),
         l2_bytes=int(p["l2CacheSize"]),
+        max_cluster=max_cluster_size(cc, sm_count),
     )

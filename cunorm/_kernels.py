@@ -16,6 +16,8 @@ from pathlib import Path
 
 # (device id, kernel name) -> cupy.RawKernel, filled lazily.
 _KERNELS: dict[tuple[int, str], object] = {}
+# CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (not named by CuPy)
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 
 def source_dir() -> Path:
@@ -102,6 +104,9 @@ def get_kernel(device_id: int, arch: int, op_file: str, name: str, smem_optin: i
             kern = module.get_function(name)
             if smem_optin:
                 kern.max_dynamic_shared_size_bytes = smem_optin - kern.shared_size_bytes
+            if "_cluster<" in name:  # clusters of more than 8 blocks need the opt-in
+                cupy.cuda.driver.funcSetAttribute(
+                    kern.kernel.ptr, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
         _KERNELS[key] = kern
     return kern
 

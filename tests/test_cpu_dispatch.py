@@ -23,7 +23,9 @@ A100 = DeviceProps("fake A100", (8, 0), 108, 2048, 166912, 167936, 40 << 20)
 # Shared memory too small for long rows: they go uncached (or to a cluster on sm_90).
 SMALL_80 = DeviceProps("fake small sm_80", (8, 0), 16, 2048, 16384, 16384, 4 << 20)
 SMALL_90 = DeviceProps("fake small sm_90", (9, 0), 16, 2048, 16384, 16384, 4 << 20)
-DEVICES = [H100, A100, SMALL_80, SMALL_90]
+# The same sm_90 device allowing non-portable clusters of 16 blocks (H100 and H200 do).
+H200 = DeviceProps("fake H200", (9, 0), 132, 2048, 232448, 233472, 50 << 20, max_cluster=16)
+DEVICES = [H100, A100, SMALL_80, SMALL_90, H200]
 
 PAIRS = list(d.KERNEL_DTYPE_PAIRS)
 BAD_PAIRS = [("float32", "float16"), ("float32", "float64"), ("float16", "bfloat16"),
@@ -448,42 +450,47 @@ def test_smem_block_from_occupancy(dtype: str, cols: int, block: int) -> None:
         "smem", block, ITEMSIZE[dtype] * cols, 10**6)
 
 
-def expected_cluster(cols: int, pack: int, isz: int, cap: int) -> int | None:
-    """The slice rule, restated: the smallest cluster whose slices are at most the preferred
-    size, else at most the maximum size (both bounded by the opt-in limit)."""
+def expected_cluster(cols: int, pack: int, isz: int, cap: int,
+                     props: DeviceProps = H100) -> int | None:
+    """The slice rule, restated: the smallest cluster (of those ``props`` allows) whose slices
+    are at most the preferred size, else at most the maximum size (both bounded by the opt-in
+    limit)."""
     for limit in (d.SMEM_SLICE_PREFERRED_BYTES, d.SMEM_SLICE_MAX_BYTES):
-        for k in d.CLUSTER_SIZES:
+        for k in d.row_cluster_sizes(props):
             if _slice_bytes(cols, pack, k, isz) <= min(cap, limit):
                 return k
     return None
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
-def test_sm90_row_size_regimes(src: str, dst: str) -> None:
+@pytest.mark.parametrize("props", [H100, H200], ids=lambda p: p.name)
+def test_sm90_row_size_regimes(src: str, dst: str, props: DeviceProps) -> None:
     """sm_90: one block up to SMEM_MAX_COLS, then clusters by the slice rule, then uncached;
     every boundary hit exactly, one pack either side."""
     isz = ITEMSIZE[src]
     pack = 16 // max(isz, ITEMSIZE[dst])
-    cap = smem_capacity(H100)
+    cap = smem_capacity(props)
+    sizes = d.row_cluster_sizes(props)
     smem_max = d.SMEM_MAX_COLS[isz] // pack * pack
     points = {smem_max, smem_max + pack}
     for limit in (d.SMEM_SLICE_PREFERRED_BYTES, d.SMEM_SLICE_MAX_BYTES):
         full = limit // isz // pack * pack  # cols of one full slice
-        for c in d.CLUSTER_SIZES:
+        for c in sizes:
             points |= {c * full, c * full + pack}
     for cols in sorted(p for p in points if p > smem_max - pack):
-        plan = rows_plan(cols, src, dst, rows=9)
+        plan = rows_plan(cols, src, dst, rows=9, props=props)
+        want = expected_cluster(cols, pack, isz, cap, props)
         if cols <= smem_max:
             assert plan.path == "smem", (cols, plan)
-        elif expected_cluster(cols, pack, isz, cap) is None:
+        elif want is None:
             assert plan.path == "uncached", (cols, plan)
             continue
         else:
             assert plan.path == "cluster", (cols, plan)
-            assert _cluster_of(plan) == expected_cluster(cols, pack, isz, cap), (cols, plan)
-        _check_cached_plan(plan, cols, src, H100, 9)
+            assert _cluster_of(plan) == want, (cols, plan)
+        _check_cached_plan(plan, cols, src, props, 9)
     full_max = d.SMEM_SLICE_MAX_BYTES // isz // pack * pack
-    assert rows_plan(d.CLUSTER_SIZES[-1] * full_max + pack, src, dst).path == "uncached"
+    assert rows_plan(sizes[-1] * full_max + pack, src, dst, props=props).path == "uncached"
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
@@ -516,8 +523,9 @@ def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DevicePr
             pack = pack_of(plan)
             if plan.path == "uncached":
                 if props.has_clusters:  # no cluster of small slices fits
+                    biggest = d.row_cluster_sizes(props)[-1]
                     assert cols > d.SMEM_MAX_COLS[isz] or _slice_bytes(cols, pack, 1, isz) > cap
-                    assert _slice_bytes(cols, pack, d.CLUSTER_SIZES[-1], isz) > min(
+                    assert _slice_bytes(cols, pack, biggest, isz) > min(
                         cap, d.SMEM_SLICE_MAX_BYTES), (cols, plan)
                 else:
                     assert _slice_bytes(cols, pack, 1, isz) > cap, (cols, plan)
@@ -526,15 +534,17 @@ def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DevicePr
             if plan.path == "cluster":
                 assert props.has_clusters
                 assert plan.smem <= d.SMEM_SLICE_MAX_BYTES
-                assert _cluster_of(plan) == expected_cluster(cols, pack, isz, cap), (cols, plan)
+                assert _cluster_of(plan) == expected_cluster(cols, pack, isz, cap, props), (
+                    cols, plan)
 
 
 def test_small_device_long_rows_uncached() -> None:
     for cols in (8193, 10**4, 10**5):
         assert rows_plan(cols, props=SMALL_80).path == "uncached"
-    assert rows_plan(3840, props=SMALL_80, force="smem").path == "smem"
+    last = smem_capacity(SMALL_80) // 4  # float32 columns one block can cache
+    assert rows_plan(last, props=SMALL_80, force="smem").path == "smem"
     with pytest.raises(ValueError, match="smem.*cannot cache"):
-        rows_plan(3841, props=SMALL_80, force="smem")
+        rows_plan(last + 1, props=SMALL_80, force="smem")
     assert rows_plan(1500, "float64", props=SMALL_80).path == "smem"  # 12 KB
 
 
@@ -544,21 +554,48 @@ def test_smem_occupancy_zero_raises() -> None:
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
-def test_forced_cluster_sizes(src: str, dst: str) -> None:
-    """Forced onto clusters, a short row takes the smallest cluster; past 8 small slices, 8
-    slices up to the opt-in limit; past that the cluster path refuses."""
+@pytest.mark.parametrize("props", [H100, H200], ids=lambda p: p.name)
+def test_forced_cluster_sizes(src: str, dst: str, props: DeviceProps) -> None:
+    """Forced onto clusters, a short row takes the smallest cluster; past the largest
+    cluster's small slices, the largest cluster up to the opt-in limit; past that the cluster
+    path refuses."""
     isz = ITEMSIZE[src]
     pack = 16 // max(isz, ITEMSIZE[dst])
-    plan = rows_plan(2048, src, dst, force="cluster", rows=7)
+    biggest = d.row_cluster_sizes(props)[-1]
+    plan = rows_plan(2048, src, dst, force="cluster", rows=7, props=props)
     assert plan.path == "cluster" and _cluster_of(plan) == d.CLUSTER_SIZES[0]
-    _check_cached_plan(plan, 2048, src, H100, 7)
+    _check_cached_plan(plan, 2048, src, props, 7)
     s = d.SMEM_SLICE_MAX_BYTES // isz // pack * pack
-    plan = rows_plan(d.CLUSTER_SIZES[-1] * s + pack, src, dst, force="cluster")
-    assert _cluster_of(plan) == d.CLUSTER_SIZES[-1] and plan.smem > d.SMEM_SLICE_MAX_BYTES
-    last = smem_capacity(H100) * d.CLUSTER_SIZES[-1] // isz // pack * pack
-    assert _cluster_of(rows_plan(last, src, dst, force="cluster")) == d.CLUSTER_SIZES[-1]
+    plan = rows_plan(biggest * s + pack, src, dst, force="cluster", props=props)
+    assert _cluster_of(plan) == biggest and plan.smem > d.SMEM_SLICE_MAX_BYTES
+    last = smem_capacity(props) * biggest // isz // pack * pack
+    assert _cluster_of(rows_plan(last, src, dst, force="cluster", props=props)) == biggest
     with pytest.raises(ValueError, match="cluster.*cannot cache"):
-        rows_plan(last + pack, src, dst, force="cluster")
+        rows_plan(last + pack, src, dst, force="cluster", props=props)
+
+
+def test_clusters_of_16_where_the_device_allows_them() -> None:
+    """float32 rows of 262144 columns (1 MB) stay cached as 16 x 64 KB slices where clusters
+    of 16 are allowed, and are read twice (uncached, clusters of 8) where not; longer rows
+    split over 16 uncached blocks; the strided path and the kernel list follow."""
+    plan = rows_plan(262144, props=H200, rows=768)
+    assert (plan.path, _cluster_of(plan), plan.smem, plan.grid) == ("cluster", 16, 65536,
+                                                                     768 * 16)
+    plan = rows_plan(262144, props=H100, rows=768)
+    assert (plan.path, _cluster_of(plan)) == ("uncached", 8)
+    assert _cluster_of(rows_plan(262144, "float16", props=H200)) == 16  # 16 x 32 KB
+    assert _cluster_of(rows_plan(131072, "bfloat16", props=H200)) == 8  # 8 x 32 KB first
+    assert (rows_plan(2**19 + 4, props=H200).path, _cluster_of(rows_plan(2**19 + 4,
+                                                                          props=H200))) == (
+        "uncached", 16)
+    assert d.row_cluster_sizes(H200) == (2, 4, 8, 16) and d.row_cluster_sizes(H100) == (2, 4, 8)
+    assert d.row_cluster_sizes(A100) == ()
+    names = d.all_kernel_names(90)
+    assert "cunorm::softmax_smem_cluster<float, float, false, 4, 16>" in names
+    assert "cunorm::norm_uncached_cluster<float, false, true, 4, 16>" in names
+    assert not any(n.startswith("cunorm::softmax_strided_cluster") and n.endswith(", 16>")
+                   for n in names)
+    assert not any("_cluster<" in n for n in d.all_kernel_names(80))
 
 
 def test_cluster_grid_is_one_cluster_per_row() -> None:

@@ -251,12 +251,9 @@ def test_residual_with_stats_and_no_affine(rng, op, dtype, cols):
         assert rel_err(cupy.asnumpy(y0), ref_x[0]) <= TOL[dtype.name], path
 
 
-@pytest.mark.parametrize("path", ROW_PATHS)
-@pytest.mark.parametrize("op", OPS)
-def test_forced_path_is_taken(rng, path, op, monkeypatch):
-    cols = 3000
-    if not can_force(path, cols, np.float32):
-        pytest.skip(f"{path} cannot take {cols} float32 columns here")
+@pytest.fixture
+def planned(monkeypatch) -> list:
+    """The plans ``_dispatch.plan_rows`` makes during the test, in order."""
     seen = []
     real = _dispatch.plan_rows
 
@@ -266,6 +263,16 @@ def test_forced_path_is_taken(rng, path, op, monkeypatch):
         return plan
 
     monkeypatch.setattr(_dispatch, "plan_rows", spy)
+    return seen
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+@pytest.mark.parametrize("op", OPS)
+def test_forced_path_is_taken(rng, path, op, planned, monkeypatch):
+    cols = 3000
+    if not can_force(path, cols, np.float32):
+        pytest.skip(f"{path} cannot take {cols} float32 columns here")
+    seen = planned
     monkeypatch.setattr(norm_module, "_PLANS", {})  # plan afresh
     x, _ = random_input(rng, (5, cols), np.float32)
     with _dispatch.force_path(path):
@@ -273,6 +280,36 @@ def test_forced_path_is_taken(rng, path, op, monkeypatch):
         call(op, x, residual=x)
     assert len(seen) == 2 and all(p.path == path for p in seen), seen
     assert "norm_" in seen[0].kernel and "norm_" in seen[1].kernel
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64],
+                         ids=lambda d: np.dtype(d).name)
+def test_every_cluster_size(rng, op, dtype, planned):
+    """Each cluster size the device allows (16 where non-portable clusters are), on the
+    shared-memory and uncached paths, with weight, bias, residual and statistics: the
+    partial sums of a row meet through the cluster's mail."""
+    sizes = _dispatch.row_cluster_sizes(cunorm._device.device_props(0))
+    if not sizes:
+        pytest.skip("no thread-block clusters on this device")
+    isz = np.dtype(dtype).itemsize
+    cases = [(c, c * _dispatch.SMEM_SLICE_PREFERRED_BYTES // isz, "cluster") for c in sizes]
+    cases.append((sizes[-1], sizes[-1] * _dispatch.UNCACHED_SLICE_MAX_BYTES // isz + 16,
+                  "uncached"))
+    seen = planned
+    for cluster, cols, path in cases:
+        x, xh = random_input(rng, (3, cols), dtype)
+        r, rh = random_input(rng, (3, cols), dtype)
+        w, b, wh, bh = affine(rng, op, (cols,), dtype)
+        hh = (xh.astype(np.float64) + rh).astype(dtype)
+        ref, ref_mean, ref_rstd = reference(op, hh, weight=wh, bias=bh)
+        with _dispatch.force_path(path):
+            res = call(op, x, w, b, residual=r, return_stats=True)
+        name = seen[-1].kernel
+        assert seen[-1].path == path and name.endswith(f", {cluster}>"), (cluster, name)
+        assert rel_err(cupy.asnumpy(res[0]), ref) <= TOL[np.dtype(dtype).name], (cluster, path)
+        check_stats(op, res, ref_mean, ref_rstd, np.dtype(dtype),
+                    float(np.abs(hh.astype(np.float64)).max()), f"cluster {cluster} {path}")
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -113,6 +113,39 @@ def test_forcing_an_impossible_path_raises():
         cunorm.softmax(x)
 
 
+# --- every cluster size ------------------------------------------------------------------
+def _planned_cluster(cols: int, path: str | None) -> int:
+    """Blocks per row of the plan the last call with ``cols`` columns and forced ``path`` made."""
+    plans = [p for k, (p, *_) in softmax_module._PLANS.items()
+             if k[5] == cols and k[-1] == path]
+    name = plans[-1].kernel
+    return int(name.rsplit(",", 1)[1].rstrip("> ")) if "_cluster<" in name else 1
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_every_cluster_size(op, dtype):
+    """Each cluster size the device allows (16 where non-portable clusters are), on the
+    shared-memory and uncached paths: rows whose slices just fill the preferred slice at that
+    size, their partial results exchanged through the cluster's mail."""
+    sizes = _dispatch.row_cluster_sizes(cunorm._device.device_props(0))
+    if not sizes:
+        pytest.skip("no thread-block clusters on this device")
+    isz = np.dtype(dtype).itemsize
+    cases = [(c, c * _dispatch.SMEM_SLICE_PREFERRED_BYTES // isz, "cluster") for c in sizes]
+    # uncached rows split over the largest cluster: slices past UNCACHED_SLICE_MAX_BYTES
+    cols = sizes[-1] * _dispatch.UNCACHED_SLICE_MAX_BYTES // isz + 16
+    cases.append((sizes[-1], cols, "uncached"))
+    for cluster, cols, path in cases:
+        x, xh = random_input((3, cols), dtype, seed=cluster)
+        out = cupy.full((3, cols), np.nan, dtype=dtype)
+        with _dispatch.force_path(path):
+            OPS[op](x, out=out)
+        assert _planned_cluster(cols, path) == cluster, (cluster, cols, path)
+        err = rel_err(cupy.asnumpy(out), reference(xh, -1, op == "log_softmax"))
+        assert err <= TOL[np.dtype(dtype).name], (cluster, cols, path, err)
+
+
 # (family, template head, src, dst, pack item size) of every row-kernel head (softmax and norms)
 _ROW_HEADS = [h[:5] for h in _dispatch._row_heads()]
 

@@ -36,6 +36,11 @@ _PROPS = re.compile(
     r"(\d+) bytes spill loads"
 )
 
+# Static shared memory of a function (the "Used ..." line after its properties).
+_STATIC_SMEM = re.compile(
+    r"Function properties for (\S+)\s*\n[^\n]*\n[^\n]*?Used \d+ registers[^\n]*?(\d+) bytes smem"
+)
+
 
 def nvcc_options(arch: int, op_file: str = "") -> list[str]:
     """``_kernels.compile_options`` (NVRTC spelling) translated for nvcc. An arch-specific
@@ -81,6 +86,11 @@ def parse_ptxas(log: str) -> tuple[list[tuple[str, str]], dict[str, tuple[int, i
     return entries, props
 
 
+def static_smem(log: str) -> dict[str, int]:
+    """{function: static shared memory bytes} from a ptxas -v log."""
+    return {m[0]: int(m[1]) for m in _STATIC_SMEM.findall(log)}
+
+
 def compile_chunk(path: Path, arch: int, op_file: str) -> subprocess.CompletedProcess:
     cmd = [NVCC, *nvcc_options(arch, op_file), "-c", "-Xptxas", "-v", "-o",
            str(path.with_suffix(".o")), str(path)]
@@ -104,10 +114,12 @@ def test_parse_ptxas_report() -> None:
         "ptxas info    : Compiling entry function '_ZN6cunorm1bEv' for 'sm_90'\n"
         "ptxas info    : Function properties for _ZN6cunorm1bEv\n"
         "    1600 bytes stack frame, 3776 bytes spill stores, 3376 bytes spill loads\n"
+        "ptxas info    : Used 64 registers, used 1 barriers, 1008 bytes smem, 400 bytes cmem[0]\n"
     )
     entries, props = parse_ptxas(log)
     assert entries == [("_ZN6cunorm1aEv", "90"), ("_ZN6cunorm1bEv", "90")]
     assert props == {"_ZN6cunorm1aEv": (0, 0, 0), "_ZN6cunorm1bEv": (1600, 3776, 3376)}
+    assert static_smem(log) == {"_ZN6cunorm1bEv": 1008}
     assert demangle(["_ZN6cunorm1aEv"])["_ZN6cunorm1aEv"] in ("cunorm::a()", "_ZN6cunorm1aEv")
 
 
@@ -152,6 +164,14 @@ def test_every_instantiation_compiles_without_spills(arch: int, tmp_path: Path) 
         f"sm_{arch}: {len(props)} functions reported, expected {len(names)} (a non-inlined "
         f"device function?): {sorted(set(props) - set(entry_names))[:5]}"
     )
+
+    # Kernels whose dynamic shared memory is planned as the opt-in limit less
+    # STATIC_SMEM_RESERVE must not use more static shared memory than that reserve.
+    smem = static_smem(log)  # ptxas omits "bytes smem" where there is none
+    pretty = demangle(sorted(smem))
+    over = {pretty[sym]: b for sym, b in smem.items() if b > _dispatch.STATIC_SMEM_RESERVE
+            and ("_smem" in pretty[sym] or "softmax_strided" in pretty[sym])}
+    assert not over, f"static shared memory above STATIC_SMEM_RESERVE: {over}"
 
     bad = {sym: v for sym, v in props.items() if any(v)}
     if bad:

@@ -238,18 +238,23 @@ def dispatch_constants() -> str:
     rows = []
     for isz in (2, 4, 8):
         cluster = d.SMEM_SLICE_MAX_BYTES * max(d.CLUSTER_SIZES) // isz
+        wide = d.SMEM_SLICE_MAX_BYTES * max(d.ROW_CLUSTER_SIZES) // isz
         rows.append([names[isz], limit(d.WARP_MAX_COLS, isz), limit(d.BLOCK_MAX_COLS, isz),
-                     limit(d.SMEM_MAX_COLS, isz), str(cluster), f"> {cluster}"])
+                     limit(d.SMEM_MAX_COLS, isz), f"{cluster} ({wide})",
+                     f"> {cluster} (> {wide})"])
     return list_table(["input dtype", "warp", "block", "smem (one block)",
                        "cluster (sm_90)", "uncached (sm_90)"], rows) + (
         "\nColumns up to which each path is taken (``WARP_MAX_COLS``, ``BLOCK_MAX_COLS``, "
         "``SMEM_MAX_COLS``; the cluster limit is ``SMEM_SLICE_MAX_BYTES`` times the largest "
-        "cluster). The warp and block paths also need the row to fit in registers.\n")
+        f"cluster: {max(d.CLUSTER_SIZES)}, in parentheses {max(d.ROW_CLUSTER_SIZES)} where "
+        "the device allows non-portable clusters). The warp and block paths also need the "
+        "row to fit in registers.\n")
 
 
 def dispatch_substitutions() -> str:
     """reST substitutions ``|d.NAME|`` for the dispatcher constants dispatch.rst quotes."""
     from cunorm import _dispatch as d
+    from cunorm._device import NONPORTABLE_CLUSTER_MIN_SMS
 
     def kb(n: int) -> str:
         return f"{n // 1024} KB"
@@ -273,6 +278,9 @@ def dispatch_substitutions() -> str:
         "smem_reserve": kb(d.STATIC_SMEM_RESERVE),
         "clusters": choices(d.CLUSTER_SIZES),
         "max_cluster": max(d.CLUSTER_SIZES),
+        "row_clusters": choices(d.ROW_CLUSTER_SIZES),
+        "wide_cluster": max(d.ROW_CLUSTER_SIZES),
+        "wide_cluster_sms": NONPORTABLE_CLUSTER_MIN_SMS,
         "smem_slice": kb(d.SMEM_SLICE_MAX_BYTES),
         "smem_slice_pref": kb(getattr(d, "SMEM_SLICE_PREFERRED_BYTES", d.SMEM_SLICE_MAX_BYTES)),
         "uncached_block": d.UNCACHED_BLOCK,

@@ -1,0 +1,163 @@
+"""Attention profiles of tools/gpu_profile.py: TFLOP/s against FlashAttention-2, decoding
+bandwidth, host overhead and launch cost."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import cupy
+import numpy as np
+
+import cunorm
+
+
+def attention() -> None:
+    """TFLOP/s of cunorm.attention against torch SDPA's flash backend, bf16, 16k tokens."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    for d in (64, 128):
+        for seq in (1024, 4096, 16384):
+            for causal in (False, True):
+                b, h = 16384 // seq, 2048 // d
+                q, k, v = (cupy.random.standard_normal((b, h, seq, d), dtype=np.float32)
+                           .astype(cupy.dtype("bfloat16")) for _ in range(3))
+                flops = 4 * b * h * seq * seq * d / (2 if causal else 1)
+                ms = do_bench(functools.partial(cunorm.attention, q, k, v, causal=causal),
+                              warmup=5, rep=30, return_mode="median")
+                tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv,
+                                                                           is_causal=causal)
+                    ms_fa = do_bench(functools.partial(
+                        torch.nn.functional.scaled_dot_product_attention, tq, tk, tv,
+                        is_causal=causal), warmup=5, rep=30, return_mode="median")
+                ours = torch.from_dlpack(cunorm.attention(q, k, v, causal=causal))
+                err = float((ours.float() - ref.float()).abs().max())
+                print(f"D={d} L={seq} causal={causal}: cunorm {flops / ms / 1e9:6.1f} TFLOP/s, "
+                      f"FA2 {flops / ms_fa / 1e9:6.1f}, max|diff| {err:.2e}")
+
+
+def attention_overhead(n: int = 2000) -> None:
+    """Host and GPU time per decoding call (bf16, Lq = 1, 32 / 8 heads, D = 128, Lk = 4096)
+    for CuPy and torch inputs, then a cProfile of the CuPy calls (functions by own time)."""
+    import cProfile
+    import pstats
+
+    from cupyx.profiler import benchmark
+
+    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    k, v = (cupy.random.standard_normal((1, 8, 4096, 128), dtype=np.float32).astype("bfloat16")
+            for _ in range(2))
+    calls = {"cupy": lambda: cunorm.attention(q, k, v)}
+    try:
+        import torch
+
+        tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+        calls["torch"] = lambda: cunorm.attention(tq, tk, tv)
+    except ImportError:
+        pass
+    for name, fn in calls.items():
+        res = benchmark(fn, n_repeat=n, n_warmup=50)
+        print(f"decoding cunorm.attention ({name}): host {res.cpu_times.mean() * 1e6:.1f} us, "
+              f"GPU {res.gpu_times.mean() * 1e6:.1f} us per call (cupyx benchmark, {n} calls)")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        calls["cupy"]()
+    prof.disable()
+    cupy.cuda.Device().synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+_LAUNCH_PROBE = r"""
+struct Scalars { long long v[29]; double scale; int flags[8]; };
+extern "C" __global__ void many(const void* a, const void* b, const void* c, void* d,
+    const void* e, void* f, void* g, const void* h, int i0, int i1, int i2, long long l0,
+    long long l1, int i3, int i4, long long s0, long long s1, long long s2, long long s3,
+    long long s4, long long s5, long long s6, long long s7, long long s8, long long s9,
+    long long s10, long long s11, long long s12, long long s13, long long s14, long long s15,
+    long long s16, long long s17, long long s18, double x, int i5, int i6, long long l2) {}
+extern "C" __global__ void packed(const void* a, const void* b, const void* c, void* d,
+    const void* e, void* f, void* g, const void* h, Scalars s) {}
+extern "C" __global__ void few(const void* a, void* b) {}
+"""
+
+
+def launch_cost(n: int = 20000) -> None:
+    """Host time of one CuPy RawKernel launch by argument list: the attention kernels' 8
+    pointers and 30 scalars, the same scalars in one struct (a NumPy structured scalar), and
+    2 pointers (the row kernels)."""
+    mod = cupy.RawModule(code=_LAUNCH_PROBE)
+    x = cupy.zeros(16, np.float32)
+    i32, i64 = np.int32, np.int64
+    many = (x,) * 4 + (x, x, x, np.uint64(0)) + (i32(0),) * 3 + (i64(1),) * 2 + (i32(0),) * 2 \
+        + (i64(1),) * 19 + (np.float64(1.0), i32(0), i32(0), i64(1))
+    rec = np.dtype({"names": ["v", "scale", "flags"], "formats": [(np.int64, 29), np.float64,
+                   (np.int32, 8)], "offsets": [0, 232, 240], "itemsize": 272})
+    packed = (x,) * 4 + (x, x, x, np.uint64(0)) + (np.zeros((), rec)[()],)
+    cases = {"many": (mod.get_function("many"), many),
+             "packed": (mod.get_function("packed"), packed),
+             "few": (mod.get_function("few"), (x, x))}
+    for name, (fn, args) in cases.items():
+        try:
+            for _ in range(100):
+                fn((1,), (32,), args)
+        except Exception as err:  # noqa: BLE001 - report what CuPy refuses
+            print(f"launch {name}: {type(err).__name__}: {err}")
+            continue
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn((1,), (32,), args)
+        t1 = time.perf_counter()
+        cupy.cuda.Device().synchronize()
+        print(f"launch {name} ({len(args)} args): {(t1 - t0) / n * 1e6:.2f} us host")
+
+
+def attention_kernels() -> None:
+    """One forward per head dim (bf16, 16k tokens, L = 4096, non-causal) for ncu."""
+    for d in (64, 128):
+        q, k, v = (cupy.random.standard_normal((4, 2048 // d, 4096, d), dtype=np.float32)
+                   .astype(cupy.dtype("bfloat16")) for _ in range(3))
+        cunorm.attention(q, k, v)
+    cupy.cuda.Device().synchronize()
+
+
+def decode(lks=(4096, 16384, 65536, 131072)) -> None:
+    """Decoding GB/s of K/V read (bf16, Lq = 1, 32 / 8 heads, D = 128; do_bench, L2 flushed)
+    for cunorm and torch SDPA's default backend, and a device copy of the same bytes."""
+    import torch
+    from triton.testing import do_bench
+
+    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    for lk in lks:
+        k, v = (cupy.random.standard_normal((1, 8, lk, 128), dtype=np.float32)
+                .astype("bfloat16") for _ in range(2))
+        nbytes = k.nbytes + v.nbytes
+        dst = cupy.empty_like(k)
+        tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        calls = {"cunorm": functools.partial(cunorm.attention, q, k, v),
+                 "sdpa": functools.partial(sdpa, tq, tk, tv, enable_gqa=True),
+                 "copy": functools.partial(cupy.cuda.runtime.memcpyAsync, dst.data.ptr,
+                                           k.data.ptr, k.nbytes,
+                                           cupy.cuda.runtime.memcpyDeviceToDevice, 0)}
+        times = {n: do_bench(fn, warmup=10, rep=50, return_mode="median")
+                 for n, fn in calls.items()}
+        gbs = {n: (2 * k.nbytes if n == "copy" else nbytes) / t / 1e6 for n, t in times.items()}
+        print(f"decode Lk={lk}: " + ", ".join(f"{n} {times[n] * 1e3:.1f} us {gbs[n]:.0f} GB/s"
+                                               for n in times)
+              + f"; cunorm/copy {gbs['cunorm'] / gbs['copy']:.0%}")
+
+
+def decode_kernels() -> None:
+    """One decoding call (bf16, Lq = 1, 32 / 8 heads, D = 128) per Lk, after a warm-up."""
+    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    for lk in (4096, 16384, 131072):
+        k, v = (cupy.random.standard_normal((1, 8, lk, 128), dtype=np.float32)
+                .astype("bfloat16") for _ in range(2))
+        cunorm.attention(q, k, v)
+        cupy.cuda.Device().synchronize()

@@ -1,0 +1,139 @@
+"""Helpers shared by the GPU profiling tools (tools/gpu_profile.py): row-op cases, the plan
+a call made, kernel rebuilds with extra compile options, peers."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import cupy
+import numpy as np
+
+import cunorm
+from cunorm import _dispatch
+
+
+def _affine_case(op: str, dt: str, rows: int, cols: int):
+    """Random (rows, cols) input of ``dt`` with a weight (and a bias for layer_norm), an output
+    buffer, and the cunorm function with its positional arguments."""
+    x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+    if op == "layer_norm":
+        b = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+        return cupy.empty_like(x), cunorm.layer_norm, (x, w, b)
+    return cupy.empty_like(x), cunorm.rms_norm, (x, w)
+
+
+def _row_case(op: str, dt: str, rows: int, cols: int):
+    """:func:`_affine_case`, softmax included (no parameters)."""
+    if op != "softmax":
+        return _affine_case(op, dt, rows, cols)
+    x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    return cupy.empty_like(x), cunorm.softmax, (x,)
+
+
+def _planned(op: str):
+    """(kernel, block threads, dynamic smem) of the only plan in ``op``'s plan cache."""
+    entry = next(iter(sys.modules["cunorm.softmax" if op == "softmax" else "cunorm.norm"]
+                      ._PLANS.values()))
+    kern = next(e for e in entry if isinstance(e, cupy.RawKernel))
+    if op == "softmax":  # (plan, kernel, grid, block)
+        return kern, entry[3][0], entry[0].smem
+    return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem)
+
+
+def _fresh_plan(op: str, run):
+    """:func:`_planned` of the plan ``run()`` makes with every cached plan dropped first."""
+    _dispatch._drop_cached_plans()
+    run()
+    return _planned(op)
+
+
+def _triton_norm_gbps(op: str, args: tuple) -> float | None:
+    """GB/s of the Triton norm peer on cunorm's arguments, None past its longest row."""
+    import torch
+    from triton.testing import do_bench
+
+    from cunorm.bench import triton_kernels
+
+    x = args[0]
+    if x.shape[-1] > triton_kernels.MAX_COLS:
+        return None
+    tx, tw = torch.from_dlpack(x), torch.from_dlpack(args[1])
+    tb = torch.from_dlpack(args[2]) if len(args) > 2 else None
+    peer = functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5, op == "rms_norm")
+    return 2 * x.nbytes / do_bench(peer, warmup=10, rep=50, return_mode="median") / 1e6
+
+
+def _build_with(options: tuple[str, ...]) -> None:
+    """Compile kernels from now on with these NVRTC options added (empty: as shipped), the
+    kernel and plan caches emptied."""
+    from cunorm import _kernels
+
+    base = getattr(_kernels, "_shipped_options", _kernels.compile_options)
+    _kernels._shipped_options = base
+    _kernels.compile_options = (lambda arch, op_file="": (*base(arch, op_file), *options))
+    _kernels._KERNELS.clear()
+    _dispatch._drop_cached_plans()
+
+
+def _warm_up() -> None:
+    """The first timing of a process runs slow: time something first."""
+    from triton.testing import do_bench
+
+    warm = cupy.ones((4096, 4096), dtype=np.float32)
+    do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
+
+
+def block_variants(cases, variants, rows: int | None = None) -> None:
+    """GB/s of each (op, dtype, cols[, rows]) case (norms with weight and bias; ``rows`` where
+    a case names none) on each (name, dispatcher constants, forced path) variant, with the
+    plan's block size, shared memory and the kernel's registers (NVRTC), next to Triton
+    (rows it can hold)."""
+    from triton.testing import do_bench
+
+    from cunorm.bench import triton_kernels
+
+    _warm_up()
+    for case in cases:
+        op, dt, cols = case[:3]
+        n = case[3] if len(case) > 3 else rows
+        y, fn, args = _row_case(op, dt, n, cols)
+        print(f"{op} {dt} ({n}, {cols})", flush=True)
+        for name, consts, path in variants:
+            with _dispatch.override_constants(consts), _dispatch.force_path(path):
+                try:
+                    fn(*args, out=y)
+                except ValueError as err:
+                    print(f"  {name:10s} refused: {err}", flush=True)
+                    continue
+                kern, block, smem = _planned(op)
+                ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                              return_mode="median")
+            print(f"  {name:10s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s  block={block} smem={smem} "
+                  f"{kern.name[8:]} regs={kern.num_regs} local={kern.local_size_bytes}",
+                  flush=True)
+        if op == "softmax" and cols <= triton_kernels.MAX_COLS:
+            import torch
+
+            peer = functools.partial(triton_kernels.softmax, torch.from_dlpack(args[0]))
+            ms = do_bench(peer, warmup=10, rep=50, return_mode="median")
+            print(f"  triton     {2 * y.nbytes / ms / 1e6:5.0f} GB/s", flush=True)
+        elif (peer := _triton_norm_gbps(op, args)) is not None:
+            print(f"  triton     {peer:5.0f} GB/s", flush=True)
+        del y, args
+
+
+def _triton():
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton
+
+
+def _norm_inputs(dt: str, cols: int, rows: int = 49152):
+    x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+    b = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+    return x, w, b

@@ -1,0 +1,267 @@
+"""layer_norm / rms_norm profiles of tools/gpu_profile.py: every path per shape, resident-block
+variants, block sizes, carveouts and the cost of the affine parameters."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import cupy
+from profile_common import (
+    _affine_case,
+    _build_with,
+    _fresh_plan,
+    _norm_inputs,
+    _row_case,
+    _triton_norm_gbps,
+    _warm_up,
+)
+
+import cunorm
+from cunorm import _dispatch
+
+NORM_CASES = [("float16", 32), ("float16", 2048), ("float16", 4096), ("float16", 8192),
+              ("float16", 16384), ("float32", 32), ("float32", 4096), ("float32", 8192),
+              ("float32", 16384)]
+
+
+
+def norms() -> None:
+    """GB/s of layer_norm (with weight and bias) on each path that can take each NORM_CASES
+    shape, and host time per call at the shortest rows."""
+    from triton.testing import do_bench
+
+
+    for dt, cols in NORM_CASES:
+        x, w, b = _norm_inputs(dt, cols, 49152 if cols <= 8192 else 24576)
+        y = cupy.empty_like(x)
+        for path in (None, "warp", "block", "smem", "cluster"):
+            try:
+                with _dispatch.force_path(path):
+                    cunorm.layer_norm(x, w, b, out=y)
+                    ms = do_bench(functools.partial(cunorm.layer_norm, x, w, b, out=y),
+                                  warmup=10, rep=50, return_mode="median")
+            except ValueError as err:
+                if path is None or f"path '{path}'" not in str(err):
+                    raise
+                continue
+            gbps = 2 * x.nbytes / ms / 1e6
+            print(f"layer_norm {dt} {x.shape} {path or 'default':8s} {gbps:6.0f} GB/s")
+    x, w, b = _norm_inputs("float16", 32)
+    for name, fn in (("layer_norm", lambda: cunorm.layer_norm(x, w, b)),
+                     ("rms_norm", lambda: cunorm.rms_norm(x, w)),
+                     ("softmax", lambda: cunorm.softmax(x))):
+        for _ in range(100):
+            fn()
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        t1 = time.perf_counter()
+        cupy.cuda.Device().synchronize()
+        ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+        print(f"{name} float16 (49152, 32): host {(t1 - t0) / 2000 * 1e6:.1f} us/call, "
+              f"do_bench {ms * 1e3:.1f} us")
+
+
+def norm_kernels() -> None:
+    x, w, b = _norm_inputs("float16", 32)
+    for _ in range(2):  # the first call compiles
+        cunorm.layer_norm(x, w, b)
+        cunorm.rms_norm(x, w)
+        cunorm.layer_norm(x)
+        cunorm.softmax(x)
+    cupy.cuda.Device().synchronize()
+
+
+STORE_BATCH_CASES = [
+    ("layer_norm", "float16", 1024, 49152), ("layer_norm", "float16", 2048, 49152),
+    ("layer_norm", "float16", 8192, 49152), ("layer_norm", "bfloat16", 16384, 24576),
+    ("layer_norm", "float16", 32768, 12288), ("layer_norm", "float16", 65536, 3072),
+    ("layer_norm", "float32", 4096, 49152), ("layer_norm", "float32", 16384, 24576),
+    ("layer_norm", "float32", 65536, 3072), ("rms_norm", "bfloat16", 16384, 24576),
+    ("rms_norm", "float32", 512, 49152)]
+
+
+def store_batch() -> None:
+    """GB/s of the norms with the affine parameter loads batched by 0 (one pack at a time), 64
+    and 128 bytes (rows.cuh CUNORM_STORE_BATCH_BYTES), next to the Triton peer."""
+    from triton.testing import do_bench
+
+    _warm_up()
+    for op, dt, cols, rows in STORE_BATCH_CASES:
+        y, fn, args = _affine_case(op, dt, rows, cols)
+        line = f"{op} {dt} ({rows}, {cols})"
+        for batch in (0, 64, 128):
+            _build_with((f"-DCUNORM_STORE_BATCH_BYTES={batch}",))
+            fn(*args, out=y)
+            ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                          return_mode="median")
+            line += f"  batch{batch} {2 * y.nbytes / ms / 1e6:5.0f}"
+        peer = _triton_norm_gbps(op, args)
+        if peer is not None:
+            line += f"  triton {peer:5.0f}"
+        print(line + " GB/s", flush=True)
+        del y, args
+    _build_with(())
+
+
+# Norm rows around the block-register path's limits, and the compile-time variants of the
+# block kernels compared on them by norm_variants (name, NVRTC options).
+NORM_VARIANT_CASES = [("layer_norm", "float16", 2048), ("layer_norm", "float16", 4096),
+                      ("layer_norm", "float16", 8192), ("layer_norm", "bfloat16", 4096),
+                      ("layer_norm", "bfloat16", 8192), ("layer_norm", "float32", 2048),
+                      ("layer_norm", "float32", 4096), ("layer_norm", "float32", 8192),
+                      ("rms_norm", "float16", 8192), ("rms_norm", "bfloat16", 4096),
+                      ("layer_norm", "float16", 5120), ("layer_norm", "float16", 3072)]
+NORM_VARIANTS = [("as-is", ()), ("16bit-3blk", ("-DCUNORM_NORM_BLOCKS16=3",)),
+                 ("16bit-4blk", ("-DCUNORM_NORM_BLOCKS16=4",)),
+                 ("32bit-3blk", ("-DCUNORM_NORM_BLOCKS32=3",))]
+
+
+def norm_variants(rows: int = 49152) -> None:
+    """GB/s of the norms (weight and bias) on NORM_VARIANT_CASES: the block-register path
+    built as each of NORM_VARIANTS, next to the default plan, the smem path and Triton, with
+    each build's registers and local memory (NVRTC)."""
+    from triton.testing import do_bench
+
+    _warm_up()
+    for op, dt, cols in NORM_VARIANT_CASES:
+        y, fn, args = _affine_case(op, dt, rows, cols)
+        print(f"{op} {dt} ({rows}, {cols})", flush=True)
+        runs = [(name, opts, "block") for name, opts in NORM_VARIANTS]
+        runs += [("as-is", (), None), ("as-is", (), "smem")]
+        for name, opts, path in runs:
+            _build_with(opts)
+            with _dispatch.force_path(path):
+                kern, _, _ = _fresh_plan(op, functools.partial(fn, *args, out=y))
+                ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                              return_mode="median")
+            print(f"  {name:14s} {path or 'default':8s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s  "
+                  f"{kern.name.split('<')[0][8:]} regs={kern.num_regs} "
+                  f"local={kern.local_size_bytes}", flush=True)
+        peer = _triton_norm_gbps(op, args)
+        if peer is not None:
+            print(f"  triton                  {peer:5.0f} GB/s", flush=True)
+        del y, args
+    _build_with(())
+
+
+# Rows of 12288 and 16384 cols on the block-register path in blocks of more than 512 threads
+# (dispatcher BLOCK_WIDE_THREADS; 768 x 16 values for 12288 cols), against the same path capped
+# at 512 threads, blocks of 1024 x 12 values (target 12), the smem path and Triton.
+# (variant, dispatcher constants, path)
+WIDE_BLOCK_CASES = [(op, dt, cols) for op in ("layer_norm", "rms_norm", "softmax")
+                    for dt in ("float16", "bfloat16", "float32") for cols in (12288, 16384)]
+_WIDE_768 = {"BLOCK_WIDE_THREADS": (768, 1024)}
+WIDE_BLOCK_VARIANTS = [("default", {}, None), ("wide-768", _WIDE_768, "block"),
+                       ("block-512", {"BLOCK_WIDE_THREADS": ()}, "block"),
+                       ("target12", {**_WIDE_768, "BLOCK_TARGET_VALUES": 12}, "block"),
+                       ("smem", {}, "smem")]
+
+
+# Rows whose packs do not fill a power-of-two block: the block path in blocks of any whole
+# number of warps (dispatcher BLOCK_THREADS) against power-of-two blocks only (as dispatched,
+# and forced onto the block path), the smem path and Triton.
+BLOCK_SIZE_CASES = [(op, dt, cols) for op in ("layer_norm", "rms_norm", "softmax")
+                    for dt in ("float16", "bfloat16", "float32") for cols in (3000, 5120, 6144)]
+BLOCK_SIZE_CASES += [("softmax", "float32", 769), ("layer_norm", "float32", 2052)]
+_POW2 = {"BLOCK_THREADS": (128, 256, 512)}
+BLOCK_SIZE_VARIANTS = [("default", {}, None), ("pow2", _POW2, None),
+                       ("pow2-block", _POW2, "block"), ("smem", {}, "smem")]
+
+
+# The smem path at each block size, next to the dispatched one (the norms: pick_block_threads;
+# OneFlow's pick_block kept the resident-block count of a 128-thread block: 8 x 128 threads for
+# 12288 16-bit cols, where the affine stores wait on their weight and bias loads, ncu:
+# affine-kernels).
+SMEM_BLOCK_CASES = [("layer_norm", dt, cols) for dt in ("float16", "bfloat16", "float32")
+                    for cols in (12288, 32768)]
+SMEM_BLOCK_CASES += [("rms_norm", "float16", 12288), ("rms_norm", "bfloat16", 32768),
+                     ("layer_norm", "float32", 16384), ("rms_norm", "float32", 16384),
+                     ("layer_norm", "float16", 20480), ("layer_norm", "bfloat16", 49152)]
+SMEM_BLOCK_VARIANTS = [("default", {}, None), ("smem-128", {"BLOCK_SIZES": (128,)}, "smem"),
+                       ("smem-256", {"BLOCK_SIZES": (256,)}, "smem"),
+                       ("smem-512", {"BLOCK_SIZES": (512,)}, "smem")]
+
+
+# Rows on the smem path with the kernel's shared-memory carveout preference set (percent of
+# the unified L1 / shared memory; -1: the driver's choice, which gives shared memory all it
+# can use), a smaller carveout leaving L1 room for the weight and bias every row reads again.
+CARVEOUT_CASES = [("layer_norm", "float16", 12288), ("layer_norm", "bfloat16", 12288),
+                  ("layer_norm", "float16", 32768), ("layer_norm", "float32", 12288),
+                  ("rms_norm", "float16", 12288), ("softmax", "float16", 12288)]
+CARVEOUTS = (-1, 50, 60, 70)
+
+
+def carveout(rows: int = 12288) -> None:
+    """GB/s of CARVEOUT_CASES (norms with weight and bias) on the default plan with each
+    CARVEOUTS setting, with the resident blocks per SM the occupancy API then reports."""
+    from triton.testing import do_bench
+
+    from cunorm._kernels import occupancy
+
+    _warm_up()
+    for op, dt, cols in CARVEOUT_CASES:
+        y, fn, args = _row_case(op, dt, rows, cols)
+        kern, block, smem = _fresh_plan(op, functools.partial(fn, *args, out=y))
+        line = f"{op} {dt} ({rows}, {cols}) block={block} smem={smem}:"
+        for pct in CARVEOUTS:
+            kern.preferred_shared_memory_carveout = pct
+            fn(*args, out=y)
+            ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                          return_mode="median")
+            line += f"  {pct}% {2 * y.nbytes / ms / 1e6:5.0f} ({occupancy(kern, block, smem)} blk)"
+        kern.preferred_shared_memory_carveout = -1
+        print(line + " GB/s", flush=True)
+        del y, args
+
+
+# What the affine parameters cost on the smem path: layer_norm and rms_norm with and without
+# weight (and bias), next to softmax, on the same rows.
+AFFINE_COST_CASES = [("float16", 12288), ("float16", 32768), ("bfloat16", 12288)]
+
+
+def affine_cost(rows: int = 12288) -> None:
+    """GB/s of the norms on AFFINE_COST_CASES with weight and bias, weight only and neither."""
+    from triton.testing import do_bench
+
+    _warm_up()
+    for dt, cols in AFFINE_COST_CASES:
+        y, _, (x, w, b) = _affine_case("layer_norm", dt, rows, cols)
+        for name, fn, args in (("layer_norm w+b", cunorm.layer_norm, (x, w, b)),
+                               ("layer_norm w", cunorm.layer_norm, (x, w)),
+                               ("layer_norm", cunorm.layer_norm, (x,)),
+                               ("rms_norm w", cunorm.rms_norm, (x, w)),
+                               ("rms_norm", cunorm.rms_norm, (x,)),
+                               ("softmax", cunorm.softmax, (x,))):
+            fn(*args, out=y)
+            ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
+                          return_mode="median")
+            print(f"{dt} ({rows}, {cols}) {name:15s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s",
+                  flush=True)
+        del y, x, w, b
+
+
+def affine_kernels(rows: int = 12288) -> None:
+    """One launch each, for ncu, in this order: float16 layer_norm with weight and bias,
+    without them, and rms_norm with weight on 12288 cols (smem path), layer_norm with weight
+    and bias there again with the driver's carveout and with a 50% one; then the first three
+    on 16384 cols (block path, 1024 threads)."""
+    for cols in (12288, 16384):
+        y, _, (x, w, b) = _affine_case("layer_norm", "float16", rows, cols)
+        calls = [(cunorm.layer_norm, (x, w, b)), (cunorm.layer_norm, (x,)),
+                 (cunorm.rms_norm, (x, w))]
+        for fn, args in calls:  # one launch each (the first call also compiles and plans)
+            print(f"launch: {fn.__name__} float16 ({rows}, {cols}) {len(args) - 1} params",
+                  flush=True)
+            fn(*args, out=y)
+        if cols == 12288:
+            kern, _, _ = _fresh_plan("layer_norm", functools.partial(cunorm.layer_norm, x, w, b,
+                                                                     out=y))
+            kern.preferred_shared_memory_carveout = 50
+            print("launch: layer_norm float16 (12288, 12288) 2 params, carveout 50%", flush=True)
+            cunorm.layer_norm(x, w, b, out=y)
+            kern.preferred_shared_memory_carveout = -1
+        cupy.cuda.Device().synchronize()
+        del y, x, w, b

@@ -1,0 +1,314 @@
+"""Softmax profiles of tools/gpu_profile.py: host overhead, per-kernel launches for ncu, the
+strided path, the gaps to Triton, long rows, output placement."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+import cupy
+import numpy as np
+from profile_common import _fresh_plan, _norm_inputs, _triton
+
+import cunorm
+from cunorm import _dispatch
+
+CASES = [("float16", 1024, 49152), ("float16", 8192, 24576), ("float32", 4096, 49152),
+         ("float32", 32768, 6144), ("float16", 131072, 1536), ("float32", 65536, 3072)]
+
+
+def overhead(n: int = 10_000) -> None:
+    x = cupy.random.standard_normal((8, 128), dtype=np.float32)
+    for _ in range(200):
+        cunorm.softmax(x)
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        cunorm.softmax(x)
+    t1 = time.perf_counter()
+    cupy.cuda.Device().synchronize()
+    print(f"host time per cunorm.softmax((8,128) float32): {(t1 - t0) / n * 1e6:.2f} us")
+    try:
+        import torch
+
+        t = torch.from_dlpack(x)
+        for _ in range(200):
+            torch.softmax(t, -1)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.softmax(t, -1)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        print(f"host time per torch.softmax (same): {(t1 - t0) / n * 1e6:.2f} us")
+    except ImportError:
+        pass
+
+
+def kernels() -> None:
+    for dt, cols, rows in CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        y = cupy.empty_like(x)
+        cunorm.softmax(x, out=y)
+    cupy.cuda.Device().synchronize()
+
+
+STRIDED_CASES = [("float32", (32, 21, 256, 256)), ("float16", (16, 4096, 1024))]
+# dispatcher constants tried for the strided path: name -> overrides
+STRIDED_VARIANTS = {
+    "default": {},
+    "rows8": {"STRIDED_ROWS_PER_THREAD": 8},
+    "slice32k": {"STRIDED_SLICE_MAX_BYTES": 32 * 1024},
+    "uncached": {"STRIDED_SLICE_MAX_BYTES": 0},
+    "cached-slice96k": {"STRIDED_SLICE_MAX_BYTES": 96 * 1024},
+    "slice128k": {"STRIDED_SLICE_MAX_BYTES": 128 * 1024},
+    "tile64": {"STRIDED_MIN_TILE_BYTES": 64},
+    "tile256": {"STRIDED_MIN_TILE_BYTES": 256},
+}
+
+
+def strided(launch_only: bool = False) -> None:
+    """GB/s of softmax over axis=1 for each STRIDED_VARIANTS setting (or one launch each)."""
+    from triton.testing import do_bench
+
+    plans = sys.modules["cunorm.softmax"]._PLANS
+    for dt, shape in STRIDED_CASES:
+        x = cupy.random.standard_normal(shape, dtype=np.float32).astype(dt)
+        y = cupy.empty_like(x)
+        for name, consts in STRIDED_VARIANTS.items():
+            with _dispatch.override_constants(consts):
+                try:
+                    cunorm.softmax(x, axis=1, out=y)
+                except ValueError as err:
+                    print(f"{dt} {shape} {name}: {err}")
+                    continue
+                plan = next(iter(plans.values()))[0]
+                if launch_only:
+                    continue
+                ms = do_bench(functools.partial(cunorm.softmax, x, axis=1, out=y), warmup=10,
+                              rep=50, return_mode="median")
+                print(f"{dt} {shape} {name:14s} {2 * x.nbytes / ms / 1e6:7.0f} GB/s  "
+                      f"{plan.kernel[16:]} grid={plan.grid} tx={plan.tx_count} smem={plan.smem}")
+    cupy.cuda.Device().synchronize()
+
+
+# Cells where the row paths trail a peer or the copy bandwidth (bench summary): each shape on
+# the default path and on every other path that can take it, next to the Triton peer. The
+# block path is also tried past its dispatcher limits (values per thread up to 32).
+GAP_CASES = [("softmax", "float16", 8192, 49152), ("softmax", "bfloat16", 8192, 49152),
+             ("softmax", "float16", 1024, 49152), ("softmax", "float16", 4096, 49152),
+             ("softmax", "float32", 4096, 49152), ("softmax", "float32", 8192, 49152),
+             ("softmax", "float16", 5120, 49152), ("softmax", "float16", 16384, 24576),
+             ("softmax", "float32", 16384, 24576), ("layer_norm", "float16", 2048, 49152),
+             ("layer_norm", "float16", 4096, 49152), ("layer_norm", "float16", 8192, 49152),
+             ("layer_norm", "bfloat16", 8192, 49152), ("layer_norm", "float32", 8192, 49152),
+             ("layer_norm", "float32", 16384, 24576), ("layer_norm", "float16", 16384, 24576)]
+GAP_PATHS = (None, "warp", "block", "smem", "cluster")
+# the block path's value caps raised while the gap tools run
+_GAP_LIMITS = {"BLOCK_MAX_VALUES": {4: 32, 8: 16}, "NORM_BLOCK_MAX_VALUES_SCALAR": {4: 32, 8: 16}}
+
+
+def _gap_calls():
+    """(label, thunk) for every GAP_CASES shape and path, the block limits raised."""
+    import torch
+
+    from cunorm.bench import triton_kernels
+
+    calls = []
+    for op, dt, cols, rows in GAP_CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        y = cupy.empty_like(x)
+        if op == "softmax":
+            def run(x=x, y=y):
+                return cunorm.softmax(x, out=y)
+            tx = torch.from_dlpack(x)
+            peer = functools.partial(triton_kernels.softmax, tx) if cols <= 16384 else None
+        else:
+            w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+            b = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
+
+            def run(x=x, y=y, w=w, b=b):
+                return cunorm.layer_norm(x, w, b, out=y)
+            tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
+            peer = functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5)
+        for path in GAP_PATHS:
+            def forced(run=run, path=path):
+                with _dispatch.force_path(path):
+                    return run()
+            try:
+                forced()
+            except ValueError:
+                continue
+            calls.append((f"{op} {dt} ({rows}, {cols}) {path or 'default'}", forced, x.nbytes))
+        if peer is not None:
+            peer()
+            calls.append((f"{op} {dt} ({rows}, {cols}) triton", peer, x.nbytes))
+    cupy.cuda.Device().synchronize()
+    torch.cuda.synchronize()
+    return calls
+
+
+def gaps() -> None:
+    """GB/s (L2 flushed, median) of each GAP_CASES shape on each path and of its Triton peer,
+    with the registers and local memory of the kernel each cunorm call launched (NVRTC's
+    build, which can differ from nvcc's)."""
+    from triton.testing import do_bench
+
+    with _dispatch.override_constants(_GAP_LIMITS):
+        for label, fn, nbytes in _gap_calls():
+            ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+            line = f"{label:48s} {2 * nbytes / ms / 1e6:6.0f} GB/s"
+            if not label.endswith("triton"):
+                kern, _, _ = _fresh_plan(label.split()[0], fn)
+                line += (f"  {kern.name.split('<')[0][8:]} regs={kern.num_regs} "
+                         f"local={kern.local_size_bytes}")
+            print(line, flush=True)
+
+
+def gap_kernels() -> None:
+    """One launch of each GAP_CASES call (after a warm-up), for ncu."""
+    import torch
+
+    with _dispatch.override_constants(_GAP_LIMITS):
+        calls = _gap_calls()
+        cupy.cuda.Device().synchronize()
+        for label, fn, _ in calls:
+            print("launch:", label, flush=True)
+            fn()
+            cupy.cuda.Device().synchronize()
+            torch.cuda.synchronize()
+
+
+# Long rows (512 KB and more) on the default plan and on a non-portable cluster of 16 blocks
+# (sm_90 allows 16 with cudaFuncAttributeNonPortableClusterSizeAllowed), to see whether
+# smaller slices per block beat the portable cluster of 8.
+LONG_ROW_CASES = [("float16", 262144, 768), ("bfloat16", 262144, 768),
+                  ("float32", 131072, 1536), ("float32", 262144, 768),
+                  ("bfloat16", 131072, 1536), ("float32", 65536, 3072)]
+
+
+def long_rows() -> None:
+    """GB/s of softmax on LONG_ROW_CASES: the dispatcher's plan, then clusters of 16 (shared
+    memory and uncached), each with the block size pick_block gives it (the kernel loader
+    allows non-portable cluster sizes)."""
+    from triton.testing import do_bench
+
+    from cunorm import _kernels
+    from cunorm._device import device_props
+    from cunorm._dispatch import CTYPE, pick_block
+
+    props = device_props(0)
+    plans = cunorm.softmax.__globals__["_PLANS"]
+    warm = cupy.ones((4096, 4096), dtype=np.float32)  # the first timing of a process runs slow
+    do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
+    for dt, cols, rows in LONG_ROW_CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        y = cupy.empty_like(x)
+        plans.clear()
+        cunorm.softmax(x, out=y)
+        plan = next(iter(plans.values()))[0]
+        ref = y.copy()
+        ms = do_bench(functools.partial(cunorm.softmax, x, out=y), warmup=10, rep=50,
+                      return_mode="median")
+        line = (f"{dt} ({rows}, {cols}) default {2 * x.nbytes / ms / 1e6:5.0f} GB/s "
+                f"[{plan.kernel.split('<')[0][8:]} block={plan.block} smem={plan.smem}]")
+        pack = 16 // x.itemsize
+        head = f"{CTYPE[dt]}, {CTYPE[dt]}, false, {pack}"
+        for path in ("smem", "uncached"):
+            name = f"cunorm::softmax_{path}_cluster<{head}, 16>"
+            smem = _dispatch._cdiv(cols // pack, 16) * pack * x.itemsize if path == "smem" else 0
+            kern = _kernels.get_kernel(0, props.arch, "softmax.cu", name,
+                                       smem_optin=props.smem_per_block_optin)
+            if path == "smem":
+                block, per_sm = pick_block(name, smem, lambda k, b, s, kern=kern:
+                                           _kernels.occupancy(kern, b, s))
+            else:
+                block, per_sm = _dispatch.UNCACHED_BLOCK, 1
+            args = (x, y, np.int64(rows), np.int64(cols), np.int64(cols), np.int64(cols))
+
+            def launch(kern=kern, grid=rows * 16, block=block, smem=smem, args=args):
+                kern((grid,), (block,), args, shared_mem=smem)
+            try:
+                y.fill(float("nan"))
+                launch()
+                cupy.cuda.Device().synchronize()
+                err = float(cupy.abs(y.astype(np.float32) - ref.astype(np.float32)).max())
+                ms = do_bench(launch, warmup=10, rep=50, return_mode="median")
+                line += (f" | {path}16 {2 * x.nbytes / ms / 1e6:5.0f} GB/s block={block} "
+                         f"per_sm={per_sm} max|diff|={err:.1e}")
+            except cupy.cuda.driver.CUDADriverError as exc:
+                line += f" | {path}16 failed: {exc}"
+        print(line, flush=True)
+        del x, y, ref
+
+
+PLACEMENT_CASES = [("float16", 8192, 49152), ("bfloat16", 8192, 49152),
+                   ("float32", 16384, 24576), ("float16", 1024, 49152)]
+
+
+def placement() -> None:
+    """GB/s of softmax by where the output lies: cunorm and the Triton peer, each writing into
+    a CuPy-pool buffer, a torch-allocated one and CuPy buffers at a few offsets; and a plain
+    device-to-device copy of x into each. Tells a kernel gap from an address-mapping one."""
+    import torch
+    from triton.testing import do_bench
+
+    from cunorm.bench import triton_kernels
+
+    def gbps(fn, nbytes):
+        fn()
+        ms = do_bench(fn, warmup=10, rep=50, return_mode="median")
+        return f"{2 * nbytes / ms / 1e6:5.0f}"
+
+    warm = cupy.ones((4096, 4096), dtype=np.float32)
+    do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
+    for dt, cols, rows in PLACEMENT_CASES:
+        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+        tx = torch.from_dlpack(x)
+        n = x.nbytes
+        outs = {"cupy": cupy.empty_like(x), "torch": cupy.from_dlpack(torch.empty_like(tx))}
+        big = cupy.empty(n + (4 << 20), dtype=np.uint8)
+        for off in (4096, 65536, 1 << 20, 3 << 20):
+            outs[f"cupy+{off >> 10}K"] = big[off:off + n].view(x.dtype).reshape(x.shape)
+        block = triton.next_power_of_2(cols) if (triton := _triton()) else 0
+        print(f"{dt} ({rows}, {cols}): x at {x.data.ptr:#x}", flush=True)
+        for name, y in outs.items():
+            ty = torch.from_dlpack(y)
+            line = f"  out={name:10s} y-x={(y.data.ptr - x.data.ptr) / 2**20:+10.2f} MiB"
+            line += f"  cunorm {gbps(functools.partial(cunorm.softmax, x, out=y), n)}"
+            if block:
+                def peer(ty=ty, tx=tx, rows=rows, cols=cols, block=block):
+                    triton_kernels._softmax_kernel[(rows,)](
+                        ty, tx, tx.stride(0), ty.stride(0), cols, BLOCK=block, LOG=False,
+                        num_warps=triton_kernels.num_warps(block))
+                line += f"  triton {gbps(peer, n)}"
+            line += f"  copy {gbps(functools.partial(ty.copy_, tx), n)}"
+            print(line + " GB/s", flush=True)
+        del outs, big
+
+
+def peer_kernels() -> None:
+    """One launch each (for ncu) of softmax float16 (49152, 8192) on the smem and block paths
+    and its Triton peer, then layer_norm float16 (49152, 8192) and its Triton peer."""
+    import torch
+
+    from cunorm.bench import triton_kernels
+
+    x, w, b = _norm_inputs("float16", 8192)
+    tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
+    calls = []
+    for path in ("smem", "block"):
+        def forced(path=path):
+            with _dispatch.force_path(path):
+                cunorm.softmax(x)
+        calls.append(forced)
+    calls += [functools.partial(triton_kernels.softmax, tx),
+              functools.partial(cunorm.layer_norm, x, w, b),
+              functools.partial(triton_kernels.norm, tx, tw, tb, 1e-5)]
+    for fn in calls:  # compile outside the profiled launches
+        fn()
+    torch.cuda.synchronize()
+    for fn in calls:
+        fn()
+        torch.cuda.synchronize()
