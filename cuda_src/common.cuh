@@ -770,6 +770,13 @@ template <typename V> struct ClusterMail<V, 1> {
   template <class R> __device__ __forceinline__ V exchange(const V& v, unsigned) { return v; }
 };
 
+// Opens a kernel's mail (the ClusterMail lifetime): thread 0 initializes each mbarrier, then
+// every thread arrives on the cluster barrier whose wait must come before the first exchange.
+template <int CLUSTER, class... MAIL> __device__ __forceinline__ void open_mail(MAIL&... mail) {
+  if (threadIdx.x == 0) (mail.open(), ...);
+  Cluster<CLUSTER>::arrive_relaxed();
+}
+
 // An online state's merge as a reduction op (ClusterMail::exchange).
 template <typename S> struct CombineOp {
   static __device__ __forceinline__ S apply(const S& a, const S& b) { return S::combine(a, b); }

@@ -288,11 +288,7 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   const int step = blockDim.x;
   const i64 nclusters = gridDim.x / CLUSTER;
   RawPack* const cache = reinterpret_cast<RawPack*>(smem_raw);
-  if (threadIdx.x == 0) {
-    mail1.open();
-    mail2.open();
-  }
-  Cluster<CLUSTER>::arrive_relaxed();
+  open_mail<CLUSTER>(mail1, mail2);
   unsigned k = 0;  // exchanges so far (mail phase)
   // Each thread fills, reads and writes the same packs: its own cp.async wait makes them
   // visible to it, no block barrier is needed for the data.
@@ -390,8 +386,7 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
   const i64 pack_end = min(npacks, pack_begin + packs_per_block);
   const int step = blockDim.x;
   const auto load2 = load.second();
-  if (threadIdx.x == 0) mail.open();
-  Cluster<CLUSTER>::arrive_relaxed();
+  open_mail<CLUSTER>(mail);
   unsigned k = 0;  // exchanges so far (mail phase)
   const i64 nclusters = gridDim.x / CLUSTER;
   for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters, ++k) {

@@ -527,7 +527,7 @@ def _choose_row_path(family: str, src: str, dst: str, cols: int, pack: int, cbyt
     cfg = smem_config(cols, pack, isz, props, clusters) if clusters else None
     if cfg is not None and cfg[1] <= SMEM_SLICE_MAX_BYTES:
         return "cluster"
-    return "uncached"  # a cluster of 8 with larger slices measured slower than reading twice
+    return "uncached"  # the largest cluster with larger slices measured slower than reading twice
 
 
 def row_cluster_sizes(props: DeviceProps) -> tuple[int, ...]:
@@ -539,7 +539,7 @@ def row_cluster_sizes(props: DeviceProps) -> tuple[int, ...]:
 
 def _uncached_cluster(row_bytes: int, props: DeviceProps) -> int:
     """Blocks sharing one uncached row: 1, or on sm_90 the smallest cluster whose slices are at
-    most UNCACHED_SLICE_MAX_BYTES (8 at most)."""
+    most UNCACHED_SLICE_MAX_BYTES, else the largest (row_cluster_sizes)."""
     clusters = row_cluster_sizes(props)
     if not clusters or row_bytes <= UNCACHED_SLICE_MAX_BYTES:
         return 1

@@ -33,7 +33,7 @@ from profile_common import block_variants
 COMMANDS = {
     "overhead": rows.overhead, "kernels": rows.kernels, "strided": rows.strided,
     "strided-launch": lambda: rows.strided(True), "gaps": rows.gaps,
-    "gap-kernels": rows.gap_kernels, "long-rows": rows.long_rows,
+    "gap-kernels": rows.gap_kernels,
     "placement": rows.placement, "peer-kernels": rows.peer_kernels,
     "norms": norms.norms, "norm-kernels": norms.norm_kernels,
     "norm-variants": norms.norm_variants, "store-batch": norms.store_batch,

@@ -1,5 +1,5 @@
 """Softmax profiles of tools/gpu_profile.py: host overhead, per-kernel launches for ncu, the
-strided path, the gaps to Triton, long rows, output placement."""
+strided path, the gaps to Triton, output placement."""
 
 from __future__ import annotations
 
@@ -178,69 +178,6 @@ def gap_kernels() -> None:
             fn()
             cupy.cuda.Device().synchronize()
             torch.cuda.synchronize()
-
-
-# Long rows (512 KB and more) on the default plan and on a non-portable cluster of 16 blocks
-# (sm_90 allows 16 with cudaFuncAttributeNonPortableClusterSizeAllowed), to see whether
-# smaller slices per block beat the portable cluster of 8.
-LONG_ROW_CASES = [("float16", 262144, 768), ("bfloat16", 262144, 768),
-                  ("float32", 131072, 1536), ("float32", 262144, 768),
-                  ("bfloat16", 131072, 1536), ("float32", 65536, 3072)]
-
-
-def long_rows() -> None:
-    """GB/s of softmax on LONG_ROW_CASES: the dispatcher's plan, then clusters of 16 (shared
-    memory and uncached), each with the block size pick_block gives it (the kernel loader
-    allows non-portable cluster sizes)."""
-    from triton.testing import do_bench
-
-    from cunorm import _kernels
-    from cunorm._device import device_props
-    from cunorm._dispatch import CTYPE, pick_block
-
-    props = device_props(0)
-    plans = cunorm.softmax.__globals__["_PLANS"]
-    warm = cupy.ones((4096, 4096), dtype=np.float32)  # the first timing of a process runs slow
-    do_bench(functools.partial(cunorm.softmax, warm), warmup=100, rep=200)
-    for dt, cols, rows in LONG_ROW_CASES:
-        x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
-        y = cupy.empty_like(x)
-        plans.clear()
-        cunorm.softmax(x, out=y)
-        plan = next(iter(plans.values()))[0]
-        ref = y.copy()
-        ms = do_bench(functools.partial(cunorm.softmax, x, out=y), warmup=10, rep=50,
-                      return_mode="median")
-        line = (f"{dt} ({rows}, {cols}) default {2 * x.nbytes / ms / 1e6:5.0f} GB/s "
-                f"[{plan.kernel.split('<')[0][8:]} block={plan.block} smem={plan.smem}]")
-        pack = 16 // x.itemsize
-        head = f"{CTYPE[dt]}, {CTYPE[dt]}, false, {pack}"
-        for path in ("smem", "uncached"):
-            name = f"cunorm::softmax_{path}_cluster<{head}, 16>"
-            smem = _dispatch._cdiv(cols // pack, 16) * pack * x.itemsize if path == "smem" else 0
-            kern = _kernels.get_kernel(0, props.arch, "softmax.cu", name,
-                                       smem_optin=props.smem_per_block_optin)
-            if path == "smem":
-                block, per_sm = pick_block(name, smem, lambda k, b, s, kern=kern:
-                                           _kernels.occupancy(kern, b, s))
-            else:
-                block, per_sm = _dispatch.UNCACHED_BLOCK, 1
-            args = (x, y, np.int64(rows), np.int64(cols), np.int64(cols), np.int64(cols))
-
-            def launch(kern=kern, grid=rows * 16, block=block, smem=smem, args=args):
-                kern((grid,), (block,), args, shared_mem=smem)
-            try:
-                y.fill(float("nan"))
-                launch()
-                cupy.cuda.Device().synchronize()
-                err = float(cupy.abs(y.astype(np.float32) - ref.astype(np.float32)).max())
-                ms = do_bench(launch, warmup=10, rep=50, return_mode="median")
-                line += (f" | {path}16 {2 * x.nbytes / ms / 1e6:5.0f} GB/s block={block} "
-                         f"per_sm={per_sm} max|diff|={err:.1e}")
-            except cupy.cuda.driver.CUDADriverError as exc:
-                line += f" | {path}16 failed: {exc}"
-        print(line, flush=True)
-        del x, y, ref
 
 
 PLACEMENT_CASES = [("float16", 8192, 49152), ("bfloat16", 8192, 49152),
