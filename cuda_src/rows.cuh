@@ -86,6 +86,17 @@ template <class STORE, int PACK> struct StoreBatch {
                                : (kStoreBatchBytes / bytes > 4 ? 4 : kStoreBatchBytes / bytes);
 };
 
+// The parameters of the B packs p0, p0 + step, ... below pack_end (a STORE with kBatchParams).
+template <int B, int PACK, class STORE>
+__device__ __forceinline__ void load_params(const STORE& store,
+                                            typename STORE::template Params<PACK>* prm, i64 p0,
+                                            int step, i64 pack_end) {
+#pragma unroll
+  for (int u = 0; u < B; ++u) {
+    if (p0 + u * step < pack_end) prm[u] = store.template params<PACK>((p0 + u * step) * PACK);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Warp path. Launch: 1-D block of blockDim.x threads (a multiple of 32), GROUP lanes per
 // row group, ROWS rows per group per step; grid-stride over row groups. COLS values per
@@ -189,12 +200,19 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 __host__ __device__ constexpr bool block_row_in_full_packs(int pack_bytes, int cols) {
   return pack_bytes == 16 && cols <= 16;
 }
+// Rows in full packs of 17 to 32 values a thread get the registers of 2 resident 512-thread
+// blocks (64), as the Triton peer's 16-warp programs hold 24-32 values: cunorm/_dispatch.py
+// BLOCK_MID has the measurements.
+__host__ __device__ constexpr bool block_row_mid(int pack_bytes, int cols) {
+  return pack_bytes == 16 && cols > 16 && cols <= 32;
+}
 __host__ __device__ constexpr int block_max_threads(int pack_bytes, int cols, int full) {
   return block_row_in_full_packs(pack_bytes, cols) && full % 2 == 0 ? 1024 : 512;
 }
 __host__ __device__ constexpr int block_min_blocks(int pack_bytes, int cols, int full) {
   return block_row_in_full_packs(pack_bytes, cols)
-             ? full * 512 / block_max_threads(pack_bytes, cols, full) : 1;
+             ? full * 512 / block_max_threads(pack_bytes, cols, full)
+             : (block_row_mid(pack_bytes, cols) ? 2 : 1);
 }
 #define CUNORM_BLOCK_BOUNDS(PACK_BYTES, COLS, FULL)                                          \
   __launch_bounds__(block_max_threads(PACK_BYTES, COLS, FULL),                               \
@@ -330,12 +348,7 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
     constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
     for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kStoreBatch * step) {
       typename STORE::template Params<PACK> prm[kStoreBatch];
-      if constexpr (kStoreBatch > 1) {
-#pragma unroll
-        for (int u = 0; u < kStoreBatch; ++u) {
-          if (p0 + u * step < pack_end) prm[u] = store.template params<PACK>((p0 + u * step) * PACK);
-        }
-      }
+      if constexpr (kStoreBatch > 1) load_params<kStoreBatch, PACK>(store, prm, p0, step, pack_end);
 #pragma unroll
       for (int u = 0; u < kStoreBatch; ++u) {
         const i64 p = p0 + u * step;

@@ -103,6 +103,27 @@ BLOCK_WARP_THREADS = tuple(range(128, 513, 32))
 # rows in full 16-byte packs of at most BLOCK_TARGET_VALUES a thread (block_wide).
 BLOCK_WIDE_THREADS = (1024,)
 BLOCK_MAX_VALUES = {4: 24, 8: 16}  # by compute-type size; no spills (tests/test_nvcc.py)
+# Rows in full 16-byte packs too long for BLOCK_TARGET_VALUES a thread on 512 threads may hold 24
+# or 32 values a thread on at most 512 threads, as the Triton peer's 16-warp programs do; those
+# kernels get the registers of 2 resident blocks (64: rows.cuh block_row_mid). (op, input and
+# output item sizes) -> (values a thread allowed, fewest threads). H200, 49152 rows, weight and
+# bias, one run (tools/gpu_profile.py mid-blocks), against the plan then (smem unless noted):
+# float32 layer_norm 12288 cols 512 x 24 4189 GB/s (384 x 32 4203) / 3738, 16384 512 x 32 4177
+# / 3524; rms_norm 12288 512 x 24 4174 / 3872, but 16384 512 x 32 3084 / 4002 (and 384 x 32 at
+# 12288 2916); softmax 12288 512 x 24 4212 / 3972, 16384 512 x 32 4117 / 3962; 16-bit
+# softmax 12288 384 x 32 4208 / 3966 (512 x 24 3627), 16384 512 x 32 against 1024 x 16 4051 /
+# 3995, but log_softmax 12288 384 x 32 3605 / 3963 (64 registers; 16384: 4023 / 3938); 16-bit
+# norms 16384 512 x 32 against
+# 1024 x 16: layer_norm float16 3755 / 3694, bfloat16 3847 / 3594, rms_norm float16 4148 /
+# 4052, bfloat16 4178 / 3978, but at 12288 cols 384 x 32 lost to shared memory (layer_norm
+# float16 3312 / 3669, rms_norm float16 3813 / 3936) and so did 512 x 24 (3325, 3756). float32
+# softmax keeps 24: at 32 values it spills 8 bytes under the cap (nvcc 13, sm_90). Measured on
+# sm_90 and used there only (on sm_80 the float32 layer_norm at 32 values spills 4 bytes).
+BLOCK_MID_MIN_ARCH = 90
+BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128),
+             ("softmax", 2, 2): ((32,), 128), ("log_softmax", 2, 2): ((32,), 512),
+             ("layer_norm", 4, 4): ((24, 32), 128), ("rms_norm", 4, 4): ((24,), 128),
+             ("layer_norm", 2, 2): ((32,), 512), ("rms_norm", 2, 2): ((32,), 512)}
 # The norm block kernels with scalar packs keep an address per value (the weight and bias at
 # the affine store, x, residual and x + r for the residual variant): past these they spill
 # under the 128-register cap of __launch_bounds__(512, 1) (nvcc 13, sm_80 and sm_90).
@@ -214,7 +235,7 @@ def override_constants(consts: dict[str, object]) -> Iterator[None]:
     --------
     >>> from cunorm._device import DeviceProps
     >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
-    >>> with override_constants({"BLOCK_WIDE_THREADS": ()}):  # 16384 cols: no 1024 threads
+    >>> with override_constants({"BLOCK_MID": {}, "BLOCK_WIDE_THREADS": ()}):  # registers
     ...     plan_rows("softmax", "float16", "float16", 4096, 16384, 8, h100,
     ...               lambda k, b, s: 2048 // b).path
     'smem'
@@ -458,7 +479,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
 
     path = force
     if path is None:
-        path = _choose_row_path(family, src, dst, cols, pack, cbytes, props)
+        path = _choose_row_path(op, family, src, dst, cols, pack, cbytes, props, residual)
     if path == "warp":
         cfg = warp_config(cols, pack, cbytes, family)
         if cfg is None:
@@ -469,7 +490,10 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
     if path == "block":
-        cfg = block_config(cols, pack, cbytes, family, block_threads(family, src, dst, pack))
+        cfg = None if force is not None else auto_block_config(op, src, dst, cols, pack,
+                                                               props.arch, residual)
+        cfg = cfg or block_config(cols, pack, cbytes, family,
+                                  block_threads(family, src, dst, pack))
         if cfg is None:
             raise ValueError(f"path 'block' cannot hold cols={cols} in registers")
         threads, per_thread = cfg
@@ -509,16 +533,52 @@ def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
     return fitting[-1] if fitting else None
 
 
-def _choose_row_path(family: str, src: str, dst: str, cols: int, pack: int, cbytes: int,
-                     props: DeviceProps) -> str:
+def block_mid_config(op: str, src: str, dst: str, cols: int, pack: int, arch: int,
+                     residual: bool = False) -> tuple[int, int] | None:
+    """(threads, values per thread) of a BLOCK_MID block holding the row (whole warps, at
+    most 512 threads, padding at most an eighth of the row; the least padding, then the fewer
+    values), or None where ``op`` on ``src -> dst`` rows in ``pack``-element packs has none
+    on compute capability ``arch`` (the fused residual norms keep the other paths)."""
+    entry = BLOCK_MID.get((op, ITEMSIZE[src], ITEMSIZE[dst]))
+    if entry is None or residual or arch < BLOCK_MID_MIN_ARCH or not full_packs(src, dst, pack):
+        return None
+    values, fewest = entry
+    best = None
+    for per_thread in values:
+        threads = _cdiv(_cdiv(cols, per_thread), 32) * 32
+        waste = threads * per_thread - cols
+        if fewest <= threads <= BLOCK_THREADS[-1] and waste <= cols // 8:
+            key = (waste, per_thread)
+            if best is None or key < best[0]:
+                best = (key, threads, per_thread)
+    return None if best is None else (best[1], best[2])
+
+
+def auto_block_config(op: str, src: str, dst: str, cols: int, pack: int, arch: int,
+                      residual: bool = False) -> tuple[int, int] | None:
+    """(threads, values per thread) of the block-register path where the dispatcher takes it by
+    itself (rows past the warp path's), else None: rows up to the family's BLOCK_MAX_COLS, or
+    unpadded rows in full packs of at most BLOCK_TARGET_VALUES a thread on blocks of at most
+    512 threads, else a BLOCK_MID block, else the same on BLOCK_WIDE_THREADS."""
+    family = kernel_head(op, src, dst, residual)[0]
+    isz, cbytes = ITEMSIZE[src], compute_bytes(src, dst)
+    block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
+    bcfg = block_config(cols, pack, cbytes, family, block_threads(family, src, dst, pack))
+    if bcfg is not None and not (cols <= block_max or (
+            full_packs(src, dst, pack) and cols <= BLOCK_UNPADDED_MAX_COLS[isz]
+            and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
+        bcfg = None
+    if bcfg is not None and bcfg[0] <= BLOCK_THREADS[-1]:
+        return bcfg
+    return block_mid_config(op, src, dst, cols, pack, arch, residual) or bcfg
+
+
+def _choose_row_path(op: str, family: str, src: str, dst: str, cols: int, pack: int,
+                     cbytes: int, props: DeviceProps, residual: bool = False) -> str:
     isz = ITEMSIZE[src]
     if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family) is not None:
         return "warp"
-    block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
-    bcfg = block_config(cols, pack, cbytes, family, block_threads(family, src, dst, pack))
-    if bcfg is not None and (cols <= block_max or (
-            full_packs(src, dst, pack) and cols <= BLOCK_UNPADDED_MAX_COLS[isz]
-            and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
+    if auto_block_config(op, src, dst, cols, pack, props.arch, residual) is not None:
         return "block"
     if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:
@@ -674,6 +734,13 @@ def all_kernel_names(arch: int) -> list[str]:
                     names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
                 names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {c}>"
                              for c in clusters)
+    for (op, isz_src, isz_dst), (values, _) in BLOCK_MID.items():
+        for src, dst in KERNEL_DTYPE_PAIRS if arch >= BLOCK_MID_MIN_ARCH else ():
+            if (ITEMSIZE[src], ITEMSIZE[dst]) == (isz_src, isz_dst) and (
+                    op in SOFTMAX_OPS or src == dst):
+                family, head = kernel_head(op, src, dst)
+                pack = 16 // max(isz_src, isz_dst)
+                names.update(f"cunorm::{family}_block<{head}, {pack}, {v}>" for v in values)
     from ._attn_dispatch import all_kernel_names as attention_kernel_names
 
     names.update(attention_kernel_names(arch))

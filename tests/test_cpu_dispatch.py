@@ -115,7 +115,7 @@ def test_pick_block_threads_most_resident_threads() -> None:
     assert d.pick_block_threads("k", 0, lambda k, b, s: 0) == (128, 0)
     occ = lambda k, b, s: {128: 8, 256: 6, 512: 3}[b]  # noqa: E731
     assert rows_plan(12288, "float16", op="layer_norm", occ=occ).block == 256
-    assert rows_plan(12288, "float16", op="softmax", occ=occ).block == 128
+    assert rows_plan(20480, "float16", op="softmax", occ=occ).block == 128
     assert rows_plan(12288, "float16", op="layer_norm", occ=occ, force="cluster").block == 128
 
 
@@ -372,7 +372,13 @@ def test_block_path_unpadded_rows(dtype: str) -> None:
     """Past BLOCK_MAX_COLS softmax keeps a row in registers only when the block pads it by at
     most an eighth with at most BLOCK_TARGET_VALUES a thread in full 16-byte packs (the kernels
     compiled for several resident blocks), up to BLOCK_UNPADDED_MAX_COLS (16384 cols in
-    1024-thread blocks for 16-bit rows, 8192 for float32), and so do the norms."""
+    1024-thread blocks for 16-bit rows, 8192 for float32), and so do the norms (BLOCK_MID
+    off here: test_block_mid_rows)."""
+    with d.override_constants({"BLOCK_MID": {}}):
+        _check_unpadded_rows(dtype)
+
+
+def _check_unpadded_rows(dtype: str) -> None:
     isz = ITEMSIZE[dtype]
     plan = rows_plan(8192, dtype)
     assert plan.path == "block" and plan.block == 512 and block_args(plan)[1] == 16, plan
@@ -442,12 +448,14 @@ def test_smem_above_register_paths(src: str, dst: str) -> None:
 @pytest.mark.parametrize(
     ("dtype", "cols", "block"),
     # rows of 24 KB, 40 KB, 80 KB: 9, 5, 2 resident blocks of 128 threads
-    [("float64", 3000, 128), ("float32", 10000, 256), ("float32", 20000, 512)],
+    [("float64", 3000, 128), ("float32", 10001, 256), ("float32", 20000, 512)],
 )
 def test_smem_block_from_occupancy(dtype: str, cols: int, block: int) -> None:
     plan = rows_plan(cols, dtype, rows=10**6)
     assert (plan.path, plan.block, plan.smem, plan.grid) == (
         "smem", block, ITEMSIZE[dtype] * cols, 10**6)
+    if cols % 4 == 1:  # scalar packs: no BLOCK_MID block; 10000 in full packs takes one
+        assert rows_plan(cols - 1, dtype).path == "block"
 
 
 def expected_cluster(cols: int, pack: int, isz: int, cap: int,
@@ -521,6 +529,10 @@ def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DevicePr
         for align in (1, 16):
             plan = rows_plan(cols, src, dst, props=props, align=align, rows=3)
             pack = pack_of(plan)
+            if plan.path == "block":  # a BLOCK_MID block (test_block_mid_rows)
+                assert d.block_mid_config("softmax", src, dst, cols, pack, props.arch) == (
+                    plan.block, block_args(plan)[1]), (cols, plan)
+                continue
             if plan.path == "uncached":
                 if props.has_clusters:  # no cluster of small slices fits
                     biggest = d.row_cluster_sizes(props)[-1]
@@ -758,11 +770,11 @@ def test_force_path_restored_after_exception() -> None:
 def test_override_constants_replans_and_restores() -> None:
     """Plans made inside see the overridden constants; the values (and plans made under
     them) are gone after the block, also after an exception."""
-    assert rows_plan(16384, "float16").block == 1024
-    with d.override_constants({"BLOCK_WIDE_THREADS": ()}):
-        assert d.BLOCK_WIDE_THREADS == ()
-        assert rows_plan(16384, "float16").path == "smem"
-    assert d.BLOCK_WIDE_THREADS == (1024,)
+    assert rows_plan(16384, "float16").block == 512
+    with d.override_constants({"BLOCK_MID": {}}):
+        assert d.BLOCK_MID == {}
+        assert rows_plan(16384, "float16").block == 1024
+    assert d.BLOCK_MID and rows_plan(16384, "float16").block == 512
     with pytest.raises(RuntimeError), d.override_constants({"BLOCK_TARGET_VALUES": 12}):
         raise RuntimeError("boom")
     assert d.BLOCK_TARGET_VALUES == 16
@@ -1044,7 +1056,10 @@ def test_all_kernel_names_by_arch() -> None:
     assert {template_args(n)[0] for n in n90 - n80} == {
         "cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
         "cunorm::softmax_strided_cluster", "cunorm::norm_smem_cluster",
-        "cunorm::norm_uncached_cluster", "cunorm::attn_wg"}
+        "cunorm::norm_uncached_cluster", "cunorm::attn_wg", "cunorm::softmax_block",
+        "cunorm::norm_block"}
+    mid = {n for n in n90 - n80 if "_block<" in n}
+    assert mid and all(int(template_args(n)[1][-1]) == 32 for n in mid)  # BLOCK_MID, sm_90
     for name in n90:
         base, args = template_args(name)
         if base.startswith("cunorm::attn_"):
@@ -1132,7 +1147,7 @@ def test_norms_have_no_strided_path() -> None:
 
 
 @pytest.mark.parametrize(("op", "src", "cols", "path"), [
-    ("layer_norm", "float32", 8192, "block"), ("softmax", "float32", 12288, "smem"),
+    ("layer_norm", "float32", 8192, "block"), ("softmax", "float32", 20480, "smem"),
     ("rms_norm", "float16", 3000, "block"), ("layer_norm", "float16", 5121, "smem"),
     ("softmax", "float16", 4096, "block"), ("layer_norm", "bfloat16", 3072, "block"),
 ])
@@ -1140,3 +1155,42 @@ def test_norm_block_limits(op: str, src: str, cols: int, path: str) -> None:
     """The norms keep rows in registers up to their own measured limits (NORM_BLOCK_MAX_COLS),
     which differ from softmax's."""
     assert d.plan_rows(op, src, src, 4096, cols, 16, H100, fake_occ(H100)).path == path
+
+
+@pytest.mark.parametrize("props", [H100, H200], ids=lambda p: p.name)
+def test_block_mid_rows(props: DeviceProps) -> None:
+    """Rows past the 16-value block kernels stay in registers on BLOCK_MID blocks (24 or 32
+    values a thread, at most 512 threads, compiled for 2 resident blocks) where measured: not
+    for the residual norms, nor before sm_90."""
+    def plan(op: str, dtype: str, cols: int, residual: bool = False, p=props):
+        return d.plan_rows(op, dtype, dtype, 4096, cols, 16, p, fake_occ(p), residual=residual)
+
+    def shape(pl: d.LaunchPlan) -> tuple[str, int, int]:
+        return pl.path, pl.block, (int(template_args(pl.kernel)[1][-1]) if pl.path == "block"
+                                   else 0)
+
+    assert shape(plan("layer_norm", "float32", 12288)) == ("block", 512, 24)
+    assert shape(plan("layer_norm", "float32", 16384)) == ("block", 512, 32)
+    assert shape(plan("rms_norm", "float32", 12288)) == ("block", 512, 24)
+    assert plan("rms_norm", "float32", 16384).path == "smem"  # 32 values measured slower
+    for op in ("softmax", "log_softmax"):
+        assert shape(plan(op, "float32", 12288)) == ("block", 512, 24)
+        assert plan(op, "float32", 16384).path == "smem"  # 32 values spill
+        for dtype in ("float16", "bfloat16"):
+            if op == "softmax":
+                assert shape(plan(op, dtype, 12288)) == ("block", 384, 32)
+            else:  # 384 x 32 measured slower for log_softmax
+                assert plan(op, dtype, 12288).path == "smem"
+            assert shape(plan(op, dtype, 16384)) == ("block", 512, 32)
+    for op in ("layer_norm", "rms_norm"):
+        for dtype in ("float16", "bfloat16"):
+            assert plan(op, dtype, 12288).path == "smem"  # 384 x 32 measured slower
+            assert shape(plan(op, dtype, 16384)) == ("block", 512, 32)
+            assert shape(plan(op, dtype, 16384, residual=True))[1] == 1024  # not BLOCK_MID
+        assert plan(op, "float32", 12288, residual=True).path == "smem"
+    assert plan("softmax", "float32", 12289).path == "smem"  # scalar packs
+    assert plan("softmax", "float16", 16384 + 64).path == "smem"  # past 512 x 32
+    sm80 = DeviceProps("fake sm_80", (8, 0), 108, 2048, 166912, 167936, 40 << 20)
+    assert plan("layer_norm", "float32", 12288, p=sm80).path == "smem"
+    for op, src, dst in (("softmax", "float16", "float32"), ("layer_norm", "float64", "float64")):
+        assert d.block_mid_config(op, src, dst, 12288, 16 // d.ITEMSIZE[dst], 90) is None

@@ -273,6 +273,7 @@ def test_forced_path_is_taken(rng, path, op, planned, monkeypatch):
     if not can_force(path, cols, np.float32):
         pytest.skip(f"{path} cannot take {cols} float32 columns here")
     seen = planned
+    seen.clear()  # can_force's own plan
     monkeypatch.setattr(norm_module, "_PLANS", {})  # plan afresh
     x, _ = random_input(rng, (5, cols), np.float32)
     with _dispatch.force_path(path):
@@ -310,6 +311,37 @@ def test_every_cluster_size(rng, op, dtype, planned):
         assert rel_err(cupy.asnumpy(res[0]), ref) <= TOL[np.dtype(dtype).name], (cluster, path)
         check_stats(op, res, ref_mean, ref_rstd, np.dtype(dtype),
                     float(np.abs(hh.astype(np.float64)).max()), f"cluster {cluster} {path}")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
+    """Rows the dispatcher keeps in registers at 24 or 32 values a thread (BLOCK_MID, kernels
+    compiled for 2 resident 512-thread blocks), with weight, bias and statistics, against the
+    float64 reference; the kernel really has the registers of 2 blocks."""
+    from cunorm._device import device_props
+    from cunorm._kernels import get_kernel, occupancy
+
+    props = device_props(0)
+    monkeypatch.setattr(norm_module, "_PLANS", {})
+    for cols in (12288, 14336, 16384):
+        name = np.dtype(dtype).name
+        cfg = _dispatch.block_mid_config(op, name, name, cols, 16 // np.dtype(dtype).itemsize,
+                                         props.arch)
+        if cfg is None:
+            continue
+        x, xh = random_input(rng, (7, cols), dtype)
+        w, b, wh, bh = affine(rng, op, (cols,), dtype)
+        ref, ref_mean, ref_rstd = reference(op, xh, weight=wh, bias=bh)
+        res = call(op, x, w, b, return_stats=True)
+        plan = planned[-1]
+        assert (plan.path, plan.block) == ("block", cfg[0]) and plan.kernel.endswith(
+            f", {cfg[1]}>"), plan
+        kern = get_kernel(0, props.arch, "norm.cu", plan.kernel)
+        assert occupancy(kern, 512, 0) >= 2, (plan.kernel, kern.num_regs)
+        assert rel_err(cupy.asnumpy(res[0]), ref) <= TOL[name], cols
+        check_stats(op, res, ref_mean, ref_rstd, np.dtype(dtype),
+                    float(np.abs(xh.astype(np.float64)).max()), f"mid {cols}")
 
 
 @pytest.mark.parametrize("op", OPS)

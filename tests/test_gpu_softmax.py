@@ -168,6 +168,36 @@ def test_block_wide_matches_the_kernels_launch_bounds(family, head, src, dst, is
         assert kern.max_threads_per_block == (1024 if wide else 512), name
 
 
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_block_mid_rows(dtype, log):
+    """Rows the dispatcher keeps in registers at 24 or 32 values a thread (BLOCK_MID) match the
+    float64 reference, and their kernels have the registers of 2 resident 512-thread blocks."""
+    from cunorm._device import device_props
+    from cunorm._kernels import get_kernel, occupancy
+
+    props = device_props(0)
+    name = np.dtype(dtype).name
+    op = "log_softmax" if log else "softmax"
+    ran = 0
+    for cols in (10240, 12288, 16384):
+        cfg = _dispatch.block_mid_config(op, name, name, cols, 16 // np.dtype(dtype).itemsize,
+                                         props.arch)
+        if cfg is None:
+            continue
+        plan = _dispatch.plan_rows(op, name, name, 5, cols, 16, props, lambda k, b, s: 2)
+        assert (plan.path, plan.block) == ("block", cfg[0]) and plan.kernel.endswith(
+            f", {cfg[1]}>"), plan
+        kern = get_kernel(0, props.arch, _dispatch.kernel_file(plan.kernel), plan.kernel)
+        assert occupancy(kern, 512, 0) >= 2, (plan.kernel, kern.num_regs)
+        x, xh = random_input((5, cols), dtype, seed=cols)
+        y = cunorm.log_softmax(x) if log else cunorm.softmax(x)
+        assert rel_err(cupy.asnumpy(y), reference(xh, -1, log)) <= TOL[name], cols
+        ran += 1
+    if props.arch >= _dispatch.BLOCK_MID_MIN_ARCH:
+        assert ran, "no BLOCK_MID row for this dtype"
+
+
 # --- dtypes, output dtypes --------------------------------------------------------------
 @pytest.mark.parametrize("src,dst", [(np.float16, np.float32), (BF16, np.float32),
                                      (np.float32, np.float64), (np.float32, np.float16),

@@ -15,7 +15,8 @@ with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argumen
 ``smem-blocks`` the smem path at fixed block sizes;
 ``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
 there with and without weight and bias (``affine-kernels``: one launch each, for ncu);
-``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
+``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
+thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu). The commands live in profile_rows.py,
 profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in profile_common.py.
 """
@@ -48,6 +49,7 @@ COMMANDS = {
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,
+    "mid-blocks": lambda: block_variants(norms.MID_BLOCK_CASES, norms.MID_BLOCK_VARIANTS),
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels,
 }

@@ -25,19 +25,20 @@ def _affine_case(op: str, dt: str, rows: int, cols: int):
 
 
 def _row_case(op: str, dt: str, rows: int, cols: int):
-    """:func:`_affine_case`, softmax included (no parameters)."""
-    if op != "softmax":
+    """:func:`_affine_case`, softmax and log_softmax included (no parameters)."""
+    if op not in _dispatch.SOFTMAX_OPS:
         return _affine_case(op, dt, rows, cols)
     x = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
-    return cupy.empty_like(x), cunorm.softmax, (x,)
+    return cupy.empty_like(x), getattr(cunorm, op), (x,)
 
 
 def _planned(op: str):
     """(kernel, block threads, dynamic smem) of the only plan in ``op``'s plan cache."""
-    entry = next(iter(sys.modules["cunorm.softmax" if op == "softmax" else "cunorm.norm"]
+    softmax = op in _dispatch.SOFTMAX_OPS
+    entry = next(iter(sys.modules["cunorm.softmax" if softmax else "cunorm.norm"]
                       ._PLANS.values()))
     kern = next(e for e in entry if isinstance(e, cupy.RawKernel))
-    if op == "softmax":  # (plan, kernel, grid, block)
+    if softmax:  # (plan, kernel, grid, block)
         return kern, entry[3][0], entry[0].smem
     return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem)
 
@@ -87,25 +88,30 @@ def _warm_up() -> None:
 
 def block_variants(cases, variants, rows: int | None = None) -> None:
     """GB/s of each (op, dtype, cols[, rows]) case (norms with weight and bias; ``rows`` where
-    a case names none) on each (name, dispatcher constants, forced path) variant, with the
-    plan's block size, shared memory and the kernel's registers (NVRTC), next to Triton
-    (rows it can hold)."""
+    a case names none) on each (name, dispatcher constants, forced path[, NVRTC options])
+    variant, with the plan's block size, shared memory and the kernel's registers (NVRTC),
+    next to Triton (rows it can hold)."""
     from triton.testing import do_bench
 
     from cunorm.bench import triton_kernels
 
     _warm_up()
+    built: tuple[str, ...] = ()
     for case in cases:
         op, dt, cols = case[:3]
         n = case[3] if len(case) > 3 else rows
         y, fn, args = _row_case(op, dt, n, cols)
         print(f"{op} {dt} ({n}, {cols})", flush=True)
-        for name, consts, path in variants:
+        for name, consts, path, *extra in variants:
+            options = tuple(extra[0]) if extra else ()
+            if options != built:
+                _build_with(options)
+                built = options
             with _dispatch.override_constants(consts), _dispatch.force_path(path):
                 try:
                     fn(*args, out=y)
-                except ValueError as err:
-                    print(f"  {name:10s} refused: {err}", flush=True)
+                except Exception as err:  # noqa: BLE001 - a refused plan or a failed launch
+                    print(f"  {name:10s} refused: {type(err).__name__}: {err}", flush=True)
                     continue
                 kern, block, smem = _planned(op)
                 ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
@@ -113,15 +119,18 @@ def block_variants(cases, variants, rows: int | None = None) -> None:
             print(f"  {name:10s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s  block={block} smem={smem} "
                   f"{kern.name[8:]} regs={kern.num_regs} local={kern.local_size_bytes}",
                   flush=True)
-        if op == "softmax" and cols <= triton_kernels.MAX_COLS:
+        if op in _dispatch.SOFTMAX_OPS and cols <= triton_kernels.MAX_COLS:
             import torch
 
-            peer = functools.partial(triton_kernels.softmax, torch.from_dlpack(args[0]))
+            peer = functools.partial(triton_kernels.softmax, torch.from_dlpack(args[0]),
+                                     op == "log_softmax")
             ms = do_bench(peer, warmup=10, rep=50, return_mode="median")
             print(f"  triton     {2 * y.nbytes / ms / 1e6:5.0f} GB/s", flush=True)
-        elif (peer := _triton_norm_gbps(op, args)) is not None:
+        elif op not in _dispatch.SOFTMAX_OPS and (peer := _triton_norm_gbps(op, args)):
             print(f"  triton     {peer:5.0f} GB/s", flush=True)
         del y, args
+    if built:
+        _build_with(())
 
 
 def _triton():

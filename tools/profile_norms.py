@@ -265,3 +265,19 @@ def affine_kernels(rows: int = 12288) -> None:
             kern.preferred_shared_memory_carveout = -1
         cupy.cuda.Device().synchronize()
         del y, x, w, b
+
+
+# Rows of 12288 and 16384 cols in registers on 512-thread blocks holding 24 or 32 values a
+# thread (as the Triton peer does), compiled for 2 resident blocks (64 registers: rows.cuh
+# block_row_mid), against the default plan (dispatcher BLOCK_MID) and the other paths.
+MID_BLOCK_CASES = [(op, "float32", c, 49152) for op in ("layer_norm", "rms_norm", "softmax")
+                   for c in (12288, 16384)]
+MID_BLOCK_CASES += [(op, dt, c, 49152) for op in ("layer_norm", "rms_norm")
+                    for dt in ("float16", "bfloat16") for c in (12288, 16384)]
+MID_BLOCK_CASES += [(op, dt, c, 49152) for op in ("softmax", "log_softmax")
+                    for dt in ("float16", "bfloat16") for c in (12288, 16384)]
+_MID_CONSTS = {"BLOCK_MAX_VALUES": {4: 32, 8: 16}, "BLOCK_WIDE_THREADS": ()}
+MID_BLOCK_VARIANTS = [("default", {}, None),
+                      ("mid", _MID_CONSTS, "block"),
+                      ("mid-t32", {**_MID_CONSTS, "BLOCK_TARGET_VALUES": 32}, "block"),
+                      ("no-mid", {"BLOCK_MID": {}}, None), ("smem", {}, "smem")]
