@@ -113,12 +113,12 @@ BLOCK_MAX_VALUES = {4: 24, 8: 16}  # by compute-type size; no spills (tests/test
 # 12288 2916); softmax 12288 512 x 24 4212 / 3972, 16384 512 x 32 4117 / 3962; 16-bit
 # softmax 12288 384 x 32 4208 / 3966 (512 x 24 3627), 16384 512 x 32 against 1024 x 16 4051 /
 # 3995, but log_softmax 12288 384 x 32 3605 / 3963 (64 registers; 16384: 4023 / 3938); 16-bit
-# norms 16384 512 x 32 against
-# 1024 x 16: layer_norm float16 3755 / 3694, bfloat16 3847 / 3594, rms_norm float16 4148 /
-# 4052, bfloat16 4178 / 3978, but at 12288 cols 384 x 32 lost to shared memory (layer_norm
-# float16 3312 / 3669, rms_norm float16 3813 / 3936) and so did 512 x 24 (3325, 3756). float32
-# softmax keeps 24: at 32 values it spills 8 bytes under the cap (nvcc 13, sm_90). Measured on
-# sm_90 and used there only (on sm_80 the float32 layer_norm at 32 values spills 4 bytes).
+# norms 16384 512 x 32 against 1024 x 16: layer_norm float16 3755 / 3694, bfloat16 3847 /
+# 3594, rms_norm float16 4148 / 4052, bfloat16 4178 / 3978, but at 12288 cols 384 x 32 lost to
+# shared memory (layer_norm float16 3312 / 3669, rms_norm float16 3813 / 3936) and so did 512 x
+# 24 (3325, 3756). float32 softmax keeps 24: at 32 values it spills 8 bytes under the cap (nvcc
+# 13, sm_90). Measured on sm_90 and used there only (on sm_80 the float32 layer_norm at 32
+# values spills 4 bytes).
 BLOCK_MID_MIN_ARCH = 90
 BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128),
              ("softmax", 2, 2): ((32,), 128), ("log_softmax", 2, 2): ((32,), 512),
@@ -736,8 +736,7 @@ def all_kernel_names(arch: int) -> list[str]:
                              for c in clusters)
     for (op, isz_src, isz_dst), (values, _) in BLOCK_MID.items():
         for src, dst in KERNEL_DTYPE_PAIRS if arch >= BLOCK_MID_MIN_ARCH else ():
-            if (ITEMSIZE[src], ITEMSIZE[dst]) == (isz_src, isz_dst) and (
-                    op in SOFTMAX_OPS or src == dst):
+            if (ITEMSIZE[src], ITEMSIZE[dst]) == (isz_src, isz_dst):
                 family, head = kernel_head(op, src, dst)
                 pack = 16 // max(isz_src, isz_dst)
                 names.update(f"cunorm::{family}_block<{head}, {pack}, {v}>" for v in values)

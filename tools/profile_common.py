@@ -88,25 +88,20 @@ def _warm_up() -> None:
 
 def block_variants(cases, variants, rows: int | None = None) -> None:
     """GB/s of each (op, dtype, cols[, rows]) case (norms with weight and bias; ``rows`` where
-    a case names none) on each (name, dispatcher constants, forced path[, NVRTC options])
-    variant, with the plan's block size, shared memory and the kernel's registers (NVRTC),
-    next to Triton (rows it can hold)."""
+    a case names none) on each (name, dispatcher constants, forced path) variant, with the
+    plan's block size, shared memory and the kernel's registers (NVRTC), next to Triton
+    (rows it can hold)."""
     from triton.testing import do_bench
 
     from cunorm.bench import triton_kernels
 
     _warm_up()
-    built: tuple[str, ...] = ()
     for case in cases:
         op, dt, cols = case[:3]
         n = case[3] if len(case) > 3 else rows
         y, fn, args = _row_case(op, dt, n, cols)
         print(f"{op} {dt} ({n}, {cols})", flush=True)
-        for name, consts, path, *extra in variants:
-            options = tuple(extra[0]) if extra else ()
-            if options != built:
-                _build_with(options)
-                built = options
+        for name, consts, path in variants:
             with _dispatch.override_constants(consts), _dispatch.force_path(path):
                 try:
                     fn(*args, out=y)
@@ -129,8 +124,6 @@ def block_variants(cases, variants, rows: int | None = None) -> None:
         elif op not in _dispatch.SOFTMAX_OPS and (peer := _triton_norm_gbps(op, args)):
             print(f"  triton     {peer:5.0f} GB/s", flush=True)
         del y, args
-    if built:
-        _build_with(())
 
 
 def _triton():
