@@ -15,10 +15,11 @@
 //                        S = Q K^T from shared memory, O += P V with P from registers; the
 //                        next tile's S and this tile's P V overlap the softmax. DP = head dim
 //                        padded to a multiple of 64, BN keys per tile.
-//   attn_tc<T, DP, BN, MW>  float16 / bfloat16 on tensor cores: mma.sync m16n8k16 with float32
-//                        accumulation, ldmatrix from swizzled shared memory, cp.async double
-//                        buffering of the K/V tiles. 4 warps x 16 * MW query rows; DP = head
-//                        dim padded to a multiple of 32, BN keys per tile.
+//   attn_tc<T, DP, BN, MW, KS, ST>  float16 / bfloat16 on tensor cores: mma.sync m16n8k16
+//                        with float32 accumulation, ldmatrix from swizzled shared memory,
+//                        cp.async pipelining of the K/V tiles over ST stages. 4 warps x 16 * MW
+//                        query rows (KS = 4: one 16-row tile, each key tile split 4 ways);
+//                        DP = head dim padded to a multiple of 32, BN keys per tile.
 //   attn_simt<T, DPL>    float32 / float64 on the CUDA cores, accumulating in double: one
 //                        warp per query row, 8 rows per block sharing each K/V tile
 //                        (float64: a first pass for the row max, compensated sums).
@@ -357,6 +358,53 @@ __device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, in
   attn_load_tile<ROWS, DP, LAYOUT>(tile, src, [&](int rr) { return rr * ld; }, nrows, ncols, vec);
 }
 
+// A thread's share of the K (or V) tiles of one (batch, KV head) for attn_tc: rows at stride
+// ld from base, columns [0, ncols). attn_load_rows recomputes every chunk's address and row
+// and column bounds per tile: ~95 instructions per tile and operand in a 128-thread block at
+// DP = 128 (SASS, sm_90), a third of the decoding kernel's loop. The loader fixes the thread's
+// chunk column, shared-memory offset and column bound once, so a full tile costs a pointer
+// increment per cp.async; a partial tile (the last one) or unaligned rows go the general way.
+template <int ROWS, int DP, class LAYOUT, int THREADS, typename T> struct AttnTileLoader {
+  static constexpr int kChunks = DP / 8;
+  static constexpr int kStep = THREADS / kChunks;  // rows between a thread's chunks
+  static constexpr bool kFast = THREADS % kChunks == 0 && kStep % 8 == 0 && ROWS % kStep == 0;
+  const T* base;
+  const T* thread_src;  // row threadIdx / kChunks; its chunk, or column 0 past ncols
+  i64 ld;
+  int ncols, dst_off;
+  unsigned bytes;       // 16, or 0 past ncols (zero-filled)
+  bool vec;
+
+  __device__ __forceinline__ AttnTileLoader(const T* base_, i64 ld_, int ncols_, bool vec_)
+      : base(base_), ld(ld_), ncols(ncols_), vec(vec_) {
+    const int c = threadIdx.x % kChunks, r = threadIdx.x / kChunks;
+    const bool col_ok = c * 8 < ncols;
+    thread_src = base + r * ld + (col_ok ? c * 8 : 0);
+    dst_off = LAYOUT::offset(r, c);
+    bytes = col_ok ? 16u : 0u;
+  }
+
+  // Rows [n0, n0 + nrows) into tile (zero-filling rows past nrows).
+  __device__ __forceinline__ void load(T* tile, i64 n0, int nrows) const {
+    if constexpr (kFast) {
+      if (vec && nrows == ROWS) {
+        const T* g = thread_src + n0 * ld;
+        const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(tile + dst_off));
+#pragma unroll
+        for (int i = 0; i < ROWS / kStep; ++i) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                           dst + i * kStep * LAYOUT::kRowStride * static_cast<int>(sizeof(T))),
+                       "l"(g), "r"(bytes)
+                       : "memory");
+          g += kStep * ld;
+        }
+        return;
+      }
+    }
+    attn_load_rows<ROWS, DP, LAYOUT, THREADS>(tile, base + n0 * ld, ld, nrows, ncols, vec);
+  }
+};
+
 // MW m16 row tiles per warp (BM = 64 * MW rows per block): each K and V fragment read from
 // shared memory feeds MW mma instructions, so MW = 2 halves the shared-memory traffic per
 // FLOP where the registers allow it (head dims up to 128).
@@ -365,9 +413,11 @@ __device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, in
 // their (max, sum, output) at the end. Each warp then does a quarter of the MMA and softmax
 // work per tile (with KS = 1 three warps would compute on padding rows), so a block spends
 // its time waiting on K/V loads, and the 16-row Q tile leaves room for more blocks per SM.
-template <typename T, int DP, int BN, int MW, int KS>
+// ST stages of K/V tiles: ST - 1 tiles are in flight while the block computes on one.
+template <typename T, int DP, int BN, int MW, int KS, int ST>
 __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
   static_assert(KS == 1 || (KS == 4 && MW == 1), "key split: 4 warps on one m16 row tile");
+  static_assert(ST >= 2, "at least double buffering");
   constexpr int BM = 64 * MW / KS;
   constexpr int WM = 16 * MW;       // rows per warp
   constexpr int WN = BN / KS;       // keys per warp and tile
@@ -376,8 +426,8 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
   static_assert(WN % 16 == 0, "a warp's keys are whole k16 steps of P V");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const qs = reinterpret_cast<T*>(smem_raw);
-  T* const ks = qs + BM * DP;      // 2 stages
-  T* const vs = ks + 2 * BN * DP;  // 2 stages
+  T* const ks = qs + BM * DP;       // ST stages
+  T* const vs = ks + ST * BN * DP;  // ST stages
   const int lane = threadIdx.x & 31;
   const int warp = KS == 1 ? threadIdx.x >> 5 : 0;  // the warp's m16 row tile(s)
   const int kw = KS == 1 ? 0 : threadIdx.x >> 5;    // its share of each key tile
@@ -394,14 +444,21 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
   };
   const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
   attn_load_tile<BM, DP, Swizzle<DP>>(qs, q, q_row, q_rows, d, vec != 0);
+  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T> k_loader(kb, k_sl, d, vec != 0);
+  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T> v_loader(vb, v_sl, dv, vec != 0);
   auto load_kv = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
     const int nk = static_cast<int>(min(static_cast<i64>(BN), lk - n0));
-    attn_load_rows<BN, DP, Swizzle<DP>, 128>(ks + stage * BN * DP, kb + n0 * k_sl, k_sl, nk, d, vec != 0);
-    attn_load_rows<BN, DP, Swizzle<DP>, 128>(vs + stage * BN * DP, vb + n0 * v_sl, v_sl, nk, dv, vec != 0);
+    k_loader.load(ks + stage * BN * DP, n0, nk);
+    v_loader.load(vs + stage * BN * DP, n0, nk);
   };
-  if (tb < te) load_kv(tb, 0);
-  copy_async_commit();
+  // One commit group per tile (the Q tile rides with the first), empty past the range, so
+  // "all but the newest ST - 2 groups done" always means "this tile has landed".
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) {
+    if (tb + i < te) load_kv(tb + i, i);
+    copy_async_commit();
+  }
 
   // This thread's rows: in each m16 tile mi, lane / 4 and lane / 4 + 8; their positions i.
   i64 pos[MW][2];
@@ -428,11 +485,15 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
   }
 
   for (i64 tile = tb; tile < te; ++tile) {
-    const int stage = static_cast<int>((tile - tb) & 1);
-    if (tile + 1 < te) load_kv(tile + 1, stage ^ 1);
-    copy_async_commit();
-    copy_async_wait<1>();
+    const int stage = static_cast<int>((tile - tb) % ST);
+    copy_async_wait<ST - 2>();
+    // Publishes this tile, and every warp is past the previous one, whose stage refills now.
     __syncthreads();
+    {
+      const i64 next = tile + ST - 1;
+      if (next < te) load_kv(next, static_cast<int>((next - tb) % ST));
+      copy_async_commit();
+    }
     const unsigned ks_addr = static_cast<unsigned>(__cvta_generic_to_shared(ks + stage * BN * DP));
     const unsigned vs_addr = static_cast<unsigned>(__cvta_generic_to_shared(vs + stage * BN * DP));
 
@@ -471,7 +532,10 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
       float alpha[2];
       scores.template softmax_step<NB>(&s[mi][0][0], m[mi], l[mi], alpha, t, r0, row_ok[mi],
                                        pos[mi], n0, edge);
-      attn_rescale<ND>(&acc[mi][0][0], alpha);
+      // Once the row maxima settle, alpha is exactly 1 for the whole warp on most tiles
+      // (decoding: 4 * ND multiplies a tile for nothing), so the warp skips the rescale.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+        attn_rescale<ND>(&acc[mi][0][0], alpha);
     }
 
     // O += P V: the score accumulators of two n8 blocks are the A fragment of one k16 step.
@@ -497,7 +561,6 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
         }
       }
     }
-    __syncthreads();  // the next iteration refills this stage
   }
   copy_async_wait<0>();
 
@@ -1075,19 +1138,30 @@ struct CombineArgs {
 };
 
 template <typename T>
-__global__ void __launch_bounds__(128) attn_combine(const typename AttnWork<T>::type* o_part,
+__global__ void __launch_bounds__(256) attn_combine(const typename AttnWork<T>::type* o_part,
                                                     const typename AttnWork<T>::type* stat_part,
                                                     T* o, float* lse, const CombineArgs args) {
   const i64 part_rows = args.part_rows, lq = args.lq;
   const int splits = args.splits, hkv = args.hkv, group = args.group, dv = args.dv;
   typedef typename AttnWork<T>::type P;
+  // One block per row and the partial rows in L2 (just written): the time is the chain of
+  // dependent round trips, so every load is issued before the first result is needed. A
+  // thread reads its split's (m_s, l_s) and its warp's share of the partial rows at once,
+  // then the block reduces. The old 4-warp loop, which loaded each split's row after testing
+  // its weight, made one round trip per 4 splits: 10.6-14.4 us for 32 rows of 32-50 splits
+  // (ncu, H200, bf16 decoding), as long as the attention kernel itself.
+  constexpr int kWarps = 8;                     // 256 threads (COMBINE_THREADS)
+  constexpr int kBatch = 8;                     // splits a warp loads at once
+  constexpr int kCols = MAX_HEAD_DIM_ATTN / 32;  // columns lane + 32 j
+  static_assert(kMaxSplits <= 2 * kWarps * kBatch && kMaxSplits <= 32 * kWarps,
+                "two load batches and one thread per split's statistics");
   __shared__ P weight[kMaxSplits];  // e_s, 0 for a skipped split
   __shared__ P max_scratch[33];
   __shared__ Sum2<P> sum_scratch[33];
+  __shared__ Sum2<P> part[kWarps][MAX_HEAD_DIM_ATTN];
   const i64 prow = blockIdx.x;  // (b * hkv + kvh) * (group * lq) + r
   // prow < 2^31 (a grid dimension), so 32-bit divisions suffice (64-bit ones are ~70
-  // instructions each, and this kernel's time is its instruction latency): a row count or
-  // Lq beyond 2^31 divides prow as 2^31 would.
+  // instructions each): a row count or Lq beyond 2^31 divides prow as 2^31 would.
   const unsigned p32 = blockIdx.x;
   const i64 rows = static_cast<i64>(group) * lq;
   const unsigned rows32 = static_cast<unsigned>(min(rows, i64(1) << 31));
@@ -1096,86 +1170,77 @@ __global__ void __launch_bounds__(128) attn_combine(const typename AttnWork<T>::
   const i64 b = bh / static_cast<unsigned>(hkv);
   const i64 head = static_cast<i64>(bh % static_cast<unsigned>(hkv)) * group + r / lq32;
   const i64 pos = r % lq32;
-  auto stat = [&](int s) { return stat_part + 2 * (s * part_rows + prow); };  // (m_s, l_s)
-  // Every split's statistics at once (one thread each), not one dependent load per split.
-  P mx = -Math<P>::inf();
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    if (stat(s)[1] > P(0)) mx = Math<P>::max(mx, stat(s)[0]);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  P m_s = -Math<P>::inf(), l_s = P(0);
+  if (tid < splits) {
+    m_s = stat_part[2 * (tid * part_rows + prow)];
+    l_s = stat_part[2 * (tid * part_rows + prow) + 1];
   }
-  mx = block_all_reduce<MaxOp<P>>(mx, max_scratch);
+  // Split s = warp + kWarps (kBatch * batch + i) of the warp's batch, columns lane + 32 j.
+  // Every split wrote every row of its tile (zeros where it saw no key), so the loads need
+  // no weight.
+  const P* const src = o_part + prow * dv;
+  const i64 split_stride = part_rows * dv;
+  P a[kBatch][kCols];
+  auto load_batch = [&](int batch) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int s = warp + kWarps * (kBatch * batch + i);
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        const int c = lane + 32 * j;
+        a[i][j] = s < splits && c < dv ? src[s * split_stride + c] : P(0);
+      }
+    }
+  };
+  load_batch(0);
+
+  const P mx = block_all_reduce<MaxOp<P>>(l_s > P(0) ? m_s : -Math<P>::inf(), max_scratch);
+  const P e = l_s > P(0) ? Math<P>::exp(m_s - mx) : P(0);
+  if (tid < splits) weight[tid] = e;
   // float64 sums carry each product's error (FMA) and each addition's (TwoSum): one rounding
   // however many splits, as the float64 path's accuracy needs. The other dtypes sum in a
-  // wider type than their own (float for 16-bit, double for float32) and skip it: the merge
-  // is latency-bound (one block per row), and compensation tripled its instructions.
+  // wider type than their own (float for 16-bit, double for float32) and skip it.
   constexpr bool kCompensated = IsSame<T, double>::value;
-  Sum2<P> total = {P(0), P(0)};
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    const P l = stat(s)[1];
-    const P e = l > P(0) ? Math<P>::exp(stat(s)[0] - mx) : P(0);
-    weight[s] = e;
-    const P x = e * l;
-    if (kCompensated) {
-      total.b += fma(e, l, -x);
-      total.a = two_sum_into(total.a, x, total.b);
-    } else {
-      total.a += x;
-    }
-  }
+  Sum2<P> total = {e * l_s, kCompensated ? fma(e, l_s, -(e * l_s)) : P(0)};
   total = block_all_reduce<CompensatedSumOp<P>>(total, sum_scratch);  // its barriers publish weight
   const P denom = total.a + total.b;
-  // y = sum_s e_s acc_s: lane c owns columns c + 32 j, warp w the splits s = w (mod 4), so a
-  // thread has up to 8 independent sums and each warp reads whole 128-byte rows; then the four
-  // warps' partial sums add up through shared memory.
-  constexpr int kWarps = 4, kCols = MAX_HEAD_DIM_ATTN / 32;  // 128 threads (COMBINE_THREADS)
-  __shared__ Sum2<P> part[kWarps - 1][MAX_HEAD_DIM_ATTN];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const P* src = o_part + prow * dv;
-  const i64 split_stride = part_rows * dv;
+
   P y[kCols], y_err[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) y[j] = y_err[j] = P(0);
-#pragma unroll 4
-  for (int s = warp; s < splits; s += kWarps) {
-    const P e = weight[s];
-    if (e == P(0)) continue;  // warp-uniform
-    const P* row = src + s * split_stride;
+  for (int batch = 0; batch * kBatch * kWarps < splits; ++batch) {
+    if (batch > 0) load_batch(batch);
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      const int c = lane + 32 * j;
-      if (c < dv) {
-        const P a = row[c];
+    for (int i = 0; i < kBatch; ++i) {
+      const int s = warp + kWarps * (kBatch * batch + i);
+      const P w = s < splits ? weight[s] : P(0);
+      if (w == P(0)) continue;  // warp-uniform, and the loads are already issued
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
         if (kCompensated) {
-          const P x = e * a;
-          y_err[j] += fma(e, a, -x);
+          const P x = w * a[i][j];
+          y_err[j] += fma(w, a[i][j], -x);
           y[j] = two_sum_into(y[j], x, y_err[j]);
         } else {
-          y[j] = fma(e, a, y[j]);
+          y[j] = fma(w, a[i][j], y[j]);
         }
       }
     }
   }
-  if (warp > 0) {
+  // The warps' sums meet in shared memory; thread c finishes column c.
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      const int c = lane + 32 * j;
-      if (c < dv) part[warp - 1][c] = {y[j], y_err[j]};
-    }
-  }
+  for (int j = 0; j < kCols; ++j) part[warp][lane + 32 * j] = {y[j], y_err[j]};
   __syncthreads();
-  T* dst = o + b * args.o_sb + head * args.o_sh + pos * args.o_sl;
-  if (warp == 0) {
+  T* const dst = o + b * args.o_sb + head * args.o_sh + pos * args.o_sl;
+  if (tid < dv) {
+    Sum2<P> acc = part[0][tid];
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      const int c = lane + 32 * j;
-      if (c < dv) {
-        Sum2<P> acc = {y[j], y_err[j]};
-#pragma unroll
-        for (int w = 0; w < kWarps - 1; ++w) acc = CompensatedSumOp<P>::apply(acc, part[w][c]);
-        dst[c] = from_compute<T>(denom > P(0) ? (acc.a + acc.b) / denom : P(0));
-      }
-    }
+    for (int w = 1; w < kWarps; ++w) acc = CompensatedSumOp<P>::apply(acc, part[w][tid]);
+    dst[tid] = from_compute<T>(denom > P(0) ? (acc.a + acc.b) / denom : P(0));
   }
-  if (lse != nullptr && threadIdx.x == 0)
+  if (lse != nullptr && tid == 0)
     lse[b * args.lse_sb + head * args.lse_sh + pos * args.lse_sl] =
         static_cast<float>(denom > P(0) ? mx + Math<P>::log(denom) : -Math<P>::inf());
 }

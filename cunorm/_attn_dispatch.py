@@ -50,12 +50,18 @@ TC_THREADS = 128
 #: block's one K/V tile in flight waited.
 TC_KEY_SPLIT = 4
 TC_KEY_SPLIT_MAX_ROWS = 16
+#: K/V pipeline stages of attn_tc (ST). The key-split (decoding) kernels wait on K/V most of
+#: the time, but more stages measured no faster on an H200 (bf16, 32 / 8 heads, Lk 4096 to
+#: 131072, D = 64 and 128: 2, 3, 4 and 6 stages within 1-3%; tools/gpu_profile.py
+#: decode-stages), so both stay double-buffered, the smallest shared-memory footprint.
+TC_STAGES = 2
+TC_KEY_SPLIT_STAGES = 2
 #: SIMT path: query rows per block (one warp each), keys per tile
 SIMT_ROWS = 8
 SIMT_THREADS = 256
 SIMT_BLOCK_N = 32
 SIMT_ACC_BYTES = 8  # the SIMT path stages K, V and q in double (AttnWork in attention.cu)
-COMBINE_THREADS = 128
+COMBINE_THREADS = 256
 #: split-KV: at most this many splits, each at least this many key tiles
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2
@@ -159,14 +165,19 @@ def tc_block_m(dp: int, ks: int = 1) -> int:
     return TC_BLOCK_M * tc_row_tiles_per_warp(dp) // ks
 
 
+def tc_stages(ks: int = 1) -> int:
+    """K/V pipeline stages of ``attn_tc`` with key split ``ks``."""
+    return TC_KEY_SPLIT_STAGES if ks > 1 else TC_STAGES
+
+
 def tc_kernel(ctype: str, dp: int, ks: int = 1) -> str:
     return (f"cunorm::attn_tc<{ctype}, {dp}, {tc_block_n(dp)}, {tc_row_tiles_per_warp(dp)}, "
-            f"{ks}>")
+            f"{ks}, {tc_stages(ks)}>")
 
 
 def tc_smem(dp: int, ks: int = 1) -> int:
-    """Shared memory of ``attn_tc``: the Q tile and two stages of K and V tiles (16-bit)."""
-    return (tc_block_m(dp, ks) + 4 * tc_block_n(dp)) * dp * 2
+    """Shared memory of ``attn_tc``: the Q tile and the stages of K and V tiles (16-bit)."""
+    return (tc_block_m(dp, ks) + 2 * tc_stages(ks) * tc_block_n(dp)) * dp * 2
 
 
 def simt_smem(d: int, dv: int, itemsize: int) -> int:

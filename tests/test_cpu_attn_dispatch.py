@@ -25,7 +25,7 @@ def test_tensor_core_kernel_per_head_dim(dtype: str, d: int, dp: int) -> None:
     """mma.sync kernel (attn_tc) on sm_80 for every head dim."""
     p = a.plan_attention(dtype, d, d, 1000, 1000, 2, 8, 1, A100, occ2, splits=1)
     bn, mw = a.TC_TILES[dp]
-    assert p.kernel == f"cunorm::attn_tc<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {mw}, 1>"
+    assert p.kernel == f"cunorm::attn_tc<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {mw}, 1, 2>"
     assert p.block == a.TC_THREADS and p.smem == (64 * mw + 4 * bn) * dp * 2
     assert p.row_tiles == -(-1000 // (64 * mw)) and p.grid == (p.row_tiles * 16, 1, 1)
     assert p.kernel in a.all_kernel_names(80) and p.combine in a.all_kernel_names(80)
@@ -77,8 +77,10 @@ def test_key_split_for_decoding(d: int, lq: int, group: int, ks: int) -> None:
     for dev in (A100, H100):
         p = a.plan_attention("float16", d, d, lq, 4096, 2, 8, group, dev, occ2, splits=1)
         dp = a.padded_head_dim(d, d)
-        assert p.kernel == a.tc_kernel("cunorm::half_t", dp, ks) and p.kernel.endswith(f", {ks}>")
-        assert p.smem == ((64 // ks) + 4 * a.tc_block_n(dp)) * dp * 2
+        stages = a.TC_KEY_SPLIT_STAGES if ks > 1 else 2
+        assert p.kernel == a.tc_kernel("cunorm::half_t", dp, ks)
+        assert p.kernel.endswith(f", {ks}, {stages}>")
+        assert p.smem == ((64 // ks) + 2 * stages * a.tc_block_n(dp)) * dp * 2
         assert p.row_tiles == -(-lq * group // (64 // ks))
         assert p.kernel in a.all_kernel_names(dev.arch)
 

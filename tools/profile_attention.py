@@ -126,15 +126,15 @@ def attention_kernels() -> None:
     cupy.cuda.Device().synchronize()
 
 
-def decode(lks=(4096, 16384, 65536, 131072)) -> None:
+def decode(lks=(4096, 16384, 65536, 131072), d: int = 128) -> None:
     """Decoding GB/s of K/V read (bf16, Lq = 1, 32 / 8 heads, D = 128; do_bench, L2 flushed)
     for cunorm and torch SDPA's default backend, and a device copy of the same bytes."""
     import torch
     from triton.testing import do_bench
 
-    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    q = cupy.random.standard_normal((1, 32, 1, d), dtype=np.float32).astype("bfloat16")
     for lk in lks:
-        k, v = (cupy.random.standard_normal((1, 8, lk, 128), dtype=np.float32)
+        k, v = (cupy.random.standard_normal((1, 8, lk, d), dtype=np.float32)
                 .astype("bfloat16") for _ in range(2))
         nbytes = k.nbytes + v.nbytes
         dst = cupy.empty_like(k)
@@ -151,6 +151,29 @@ def decode(lks=(4096, 16384, 65536, 131072)) -> None:
         print(f"decode Lk={lk}: " + ", ".join(f"{n} {times[n] * 1e3:.1f} us {gbs[n]:.0f} GB/s"
                                                for n in times)
               + f"; cunorm/copy {gbs['cunorm'] / gbs['copy']:.0%}")
+
+
+def decode_stages(stages=(2, 3, 4, 6)) -> None:
+    """:func:`decode` (D = 128 and 64) with the key-split kernel built for each K/V pipeline
+    depth (``_attn_dispatch.TC_KEY_SPLIT_STAGES``), with its plan (splits, blocks per SM)."""
+    from cunorm import _attn_dispatch, _attn_launch
+
+    default = _attn_dispatch.TC_KEY_SPLIT_STAGES
+    try:
+        for st in stages:
+            _attn_dispatch.TC_KEY_SPLIT_STAGES = st
+            _attn_launch._PLANS.clear()
+            for d in (128, 64):
+                q = cupy.zeros((1, 32, 1, d), "bfloat16")
+                kv = cupy.zeros((1, 8, 16384, d), "bfloat16")
+                launch = _attn_launch.prepare(q, kv, kv, cupy.empty_like(q), causal=False,
+                                              scale=1.0)
+                plan = launch.plan
+                print(f"stages {st} D={d}: {plan.kernel}, smem {plan.smem}, grid {plan.grid}")
+                decode((4096, 16384, 32768, 131072), d)
+    finally:
+        _attn_dispatch.TC_KEY_SPLIT_STAGES = default
+        _attn_launch._PLANS.clear()
 
 
 def decode_kernels() -> None:
