@@ -99,8 +99,26 @@ def test_split_kv_when_rows_cannot_fill_the_gpu() -> None:
     assert prefill.splits == 1
     short = a.plan_attention("float16", 64, 64, 1, 100, 1, 1, 1, H100, occ2)
     assert short.splits == 1  # 2 key tiles: not worth splitting
-    assert a.choose_splits(1, 10_000, 10_000) == a.MAX_SPLITS
+    assert a.choose_splits(1, 12_800, 10_000) == a.MAX_SPLITS
     assert a.choose_splits(1, 7, 100) == 7 // a.MIN_TILES_PER_SPLIT
+
+
+@pytest.mark.parametrize(("row_blocks", "key_tiles", "resident", "splits"), [
+    (8, 2048, 396, 49),   # 50 would leave 4 blocks of 41 tiles for a second wave
+    (8, 256, 396, 43),    # 43 x 6 tiles: the fewest splits at 6 tiles a block
+    (32, 2048, 396, 12),  # 13 would overflow the 396 slots
+    (100, 1000, 396, 3),
+    (300, 1000, 396, 1),  # 2 splits: two waves of half the tiles, no faster
+    (8, 2048, 132, 16),
+])
+def test_splits_fit_one_wave(row_blocks: int, key_tiles: int, resident: int,
+                             splits: int) -> None:
+    """The split count minimizes waves x key tiles per block, so no second wave of a few
+    blocks runs alone, and takes the fewest splits at that cost."""
+    s = a.choose_splits(row_blocks, key_tiles, resident)
+    assert s == splits
+    assert row_blocks * s <= resident or s == 1
+    assert -(-key_tiles // s) < -(-key_tiles // max(1, s - 1)) or s == 1
 
 
 def test_force_split() -> None:
