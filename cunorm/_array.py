@@ -270,12 +270,22 @@ def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> It
                                "installed (pip install 'cunorm[cuda13]' or 'cunorm[cuda12]')")
         import torch
 
-        stream = torch.cuda.current_stream(x.device)
-        with cupy.cuda.Device(x.device.index), cupy.cuda.ExternalStream(
-                stream.cuda_stream, x.device.index):
+        dev = x.get_device()
+        ptr = torch.cuda.current_stream(dev).cuda_stream
+        stream = _EXTERNAL_STREAMS.get((dev, ptr))
+        if stream is None:
+            if len(_EXTERNAL_STREAMS) >= 64:  # streams come and go: keep the table small
+                _EXTERNAL_STREAMS.clear()
+            stream = _EXTERNAL_STREAMS[dev, ptr] = cupy.cuda.ExternalStream(ptr, dev)
+        with cupy.cuda.Device(dev), stream:
             yield
     else:
         yield
+
+
+# (device, CUDA stream handle) -> cupy.cuda.ExternalStream: a wrapper of the handle only, so
+# one per handle serves every call (building it costs ~2 us of a call's host time)
+_EXTERNAL_STREAMS: dict[tuple[int, int], object] = {}
 
 
 def to_cupy(x: object, kind: str, fname: str, argname: str = "x"):
@@ -290,7 +300,51 @@ def to_cupy(x: object, kind: str, fname: str, argname: str = "x"):
             raise TypeError(f"{fname}(): {argname} is a jax.Array on {devs[0].platform}; "
                             "cunorm computes on GPU arrays (pass numpy.asarray(x) for the "
                             "NumPy reference path)")
+    if kind == "torch":
+        view = _torch_view(x, cupy)
+        if view is not None:
+            return view
     return cupy.from_dlpack(x)
+
+
+_TORCH_DTYPES: dict[object, np.dtype] = {}
+
+
+def _torch_dtypes() -> dict[object, np.dtype]:
+    """torch dtype -> NumPy dtype of the tensors :func:`_torch_view` wraps (the float dtypes
+    and the mask dtypes)."""
+    if not _TORCH_DTYPES:
+        import ml_dtypes
+        import torch
+
+        _TORCH_DTYPES.update({
+            torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+            torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+            torch.bool: np.dtype(np.bool_), torch.uint8: np.dtype(np.uint8),
+        })
+    return _TORCH_DTYPES
+
+
+def _torch_view(x, cupy):
+    """CuPy view of a CUDA ``torch.Tensor`` built from its pointer, shape and strides, which
+    keeps ``x`` alive; None for what it does not cover (other dtypes, empty tensors), which
+    then goes through DLPack.
+
+    Same zero-copy view as ``cupy.from_dlpack(x)`` at a sixth of the host time (H200 host:
+    2.7 us against 17.3: torch's ``__dlpack__`` queries its current and default streams and
+    device on every call). Its stream handshake is not needed here: the caller runs on torch's
+    current stream (:func:`framework_stream`).
+    """
+    dtype = _torch_dtypes().get(x.dtype)
+    numel = x.numel()
+    if dtype is None or numel == 0:
+        return None
+    itemsize = dtype.itemsize
+    shape, strides = tuple(x.shape), x.stride()
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))  # elements
+    mem = cupy.cuda.UnownedMemory(x.data_ptr(), span * itemsize, x, x.device.index)
+    return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0),
+                        tuple(s * itemsize for s in strides))
 
 
 def from_cupy(y, kind: str):

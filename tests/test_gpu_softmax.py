@@ -425,6 +425,33 @@ def test_torch_stream_and_dtype():
                                atol=1e-6, rtol=1e-5)
 
 
+def test_torch_views_match_dlpack():
+    """The pointer-built CuPy view of a torch tensor (cunorm._array._torch_view) is the view
+    DLPack gives, for every dtype it covers and for strided, broadcast and offset tensors;
+    other dtypes and empty tensors go through DLPack."""
+    torch = pytest.importorskip("torch")
+    base = torch.randn(6, 10, 12, device="cuda")
+    layouts = {"contiguous": lambda t: t, "transposed": lambda t: t.transpose(0, 2),
+               "sliced": lambda t: t[1:5, ::3, 2:], "expanded": lambda t: t[:, :1].expand(6, 7, 12)}
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+              torch.uint8]
+    for dt in dtypes:
+        for name, layout in layouts.items():
+            t = layout((base > 0) if dt is torch.bool else (base * 50).to(dt))
+            view = cunorm._array._torch_view(t, cupy)
+            ref = cupy.from_dlpack(t)
+            assert view is not None, (dt, name)
+            assert (view.shape, view.strides, view.dtype, view.data.ptr) == \
+                (ref.shape, ref.strides, ref.dtype, ref.data.ptr), (dt, name)
+            assert bool((view == ref).all()), (dt, name)
+    assert cunorm._array._torch_view(base.to(torch.int32), cupy) is None
+    assert cunorm._array._torch_view(base[:0], cupy) is None
+    # the view keeps the tensor alive
+    view = cunorm._array._torch_view(torch.full((1000,), 7.0, device="cuda"), cupy)
+    torch.cuda.empty_cache()
+    assert float(view.sum()) == 7000.0
+
+
 def test_jax_round_trip():
     jax = pytest.importorskip("jax")
     jnp = pytest.importorskip("jax.numpy")
