@@ -44,13 +44,46 @@ constexpr int kMaskNone = 0;  // mask_kind: no mask
 constexpr int kMaskBool = 1;  // bool / uint8, nonzero = keep
 constexpr int kMaskAdd = 2;   // additive, in the input dtype
 
-#define CUNORM_ATTN_PARAMS                                                                  \
+// The forward kernels' scalar arguments. A CuPy launch costs ~0.5 us of host time per
+// argument (tools/gpu_profile.py launch-cost on an H200: 38 arguments 14-24 us, 8 pointers
+// and one struct 6-9 us), so attn_tc and attn_simt (decoding, small problems: host-bound)
+// take them as one struct passed by value after the 8 pointers and copy the fields into
+// local constants first (CUNORM_ATTN_UNPACK), so the bodies are the same for either form.
+// attn_wg keeps plain parameters in the struct's order: on an H200 the struct made it 2.4x
+// slower (bf16 D = 128, L = 16384: 184 against 440 TFLOP/s; same registers, no stack, no
+// wgmma serialization reported; cause not found). _attn_launch.ATTN_ARGS is the struct as
+// a NumPy structured dtype (a CPU test compares the two); _attn_dispatch.packed_args says
+// which kernels take it.
+struct AttnArgs {
+  i64 lq, lk, q_sb, q_sh, q_sl, k_sb, k_sh, k_sl, v_sb, v_sh, v_sl, o_sb, o_sh, o_sl, lse_sb,
+      lse_sh, lse_sl, m_sb, m_sh, m_sq, m_sk, row_tiles;
+  double scale;
+  int mask_kind, hkv, group, d, dv, causal, vec, pad;
+};
+
+#define CUNORM_ATTN_POINTERS                                                                \
   const T *q, const T *k, const T *v, T *o, float *lse, typename AttnWork<T>::type *o_part,  \
-      typename AttnWork<T>::type *stat_part,                                                 \
-      const void *mask, int mask_kind, int hkv, int group, i64 lq, i64 lk, int d, int dv,   \
-      i64 q_sb, i64 q_sh, i64 q_sl, i64 k_sb, i64 k_sh, i64 k_sl, i64 v_sb, i64 v_sh,       \
-      i64 v_sl, i64 o_sb, i64 o_sh, i64 o_sl, i64 lse_sb, i64 lse_sh, i64 lse_sl, i64 m_sb, \
-      i64 m_sh, i64 m_sq, i64 m_sk, double scale, int causal, int vec, i64 row_tiles
+      typename AttnWork<T>::type *stat_part, const void *mask
+
+#define CUNORM_ATTN_PACKED_PARAMS CUNORM_ATTN_POINTERS, const AttnArgs args
+
+#define CUNORM_ATTN_PARAMS                                                                  \
+  CUNORM_ATTN_POINTERS, i64 lq, i64 lk, i64 q_sb, i64 q_sh, i64 q_sl, i64 k_sb, i64 k_sh,    \
+      i64 k_sl, i64 v_sb, i64 v_sh, i64 v_sl, i64 o_sb, i64 o_sh, i64 o_sl, i64 lse_sb,      \
+      i64 lse_sh, i64 lse_sl, i64 m_sb, i64 m_sh, i64 m_sq, i64 m_sk, i64 row_tiles,        \
+      double scale, int mask_kind, int hkv, int group, int d, int dv, int causal, int vec
+
+#define CUNORM_ATTN_UNPACK                                                                  \
+  const i64 lq = args.lq, lk = args.lk, q_sb = args.q_sb, q_sh = args.q_sh, q_sl = args.q_sl, \
+            k_sb = args.k_sb, k_sh = args.k_sh, k_sl = args.k_sl, v_sb = args.v_sb,          \
+            v_sh = args.v_sh, v_sl = args.v_sl, o_sb = args.o_sb, o_sh = args.o_sh,          \
+            o_sl = args.o_sl, lse_sb = args.lse_sb, lse_sh = args.lse_sh,                    \
+            lse_sl = args.lse_sl, m_sb = args.m_sb, m_sh = args.m_sh, m_sq = args.m_sq,      \
+            m_sk = args.m_sk, row_tiles = args.row_tiles;                                    \
+  const double scale = args.scale;                                                          \
+  const int mask_kind = args.mask_kind, hkv = args.hkv, group = args.group, d = args.d,     \
+            dv = args.dv, causal = args.causal, vec = args.vec;                              \
+  (void)vec /* attn_simt has no 16-byte path */
 
 // Where a block is: its (batch, KV head), first flattened row, key-tile range and split.
 struct AttnTile {
@@ -415,7 +448,8 @@ template <int ROWS, int DP, class LAYOUT, int THREADS, typename T> struct AttnTi
 // its time waiting on K/V loads, and the 16-row Q tile leaves room for more blocks per SM.
 // ST stages of K/V tiles: ST - 1 tiles are in flight while the block computes on one.
 template <typename T, int DP, int BN, int MW, int KS, int ST>
-__global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PARAMS) {
+__global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
+  CUNORM_ATTN_UNPACK;
   static_assert(KS == 1 || (KS == 4 && MW == 1), "key split: 4 warps on one m16 row tile");
   static_assert(ST >= 2, "at least double buffering");
   constexpr int BM = 64 * MW / KS;
@@ -913,7 +947,8 @@ template <typename C> __device__ __forceinline__ C two_sum_into(C a, C b, C& err
 }
 
 template <typename T, int DPL>
-__global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PARAMS) {
+__global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
+  CUNORM_ATTN_UNPACK;
   typedef typename AttnWork<T>::type C;  // double
   constexpr int ROWS = 8;
   constexpr int BN = 32;
@@ -1130,8 +1165,7 @@ template <typename P> struct CompensatedSumOp {
 // ~0.5 us of host time per argument (tools/gpu_profile.py launch-cost on an H200: 38
 // arguments 14-24 us, 8 pointers and one struct 6-9 us), and decoding merges every step.
 // _attn_launch.COMBINE_ARGS is the same layout as a NumPy structured dtype (a CPU test
-// compares the two). (The forward kernels keep plain parameters: the same struct there made
-// attn_wg 2.6x slower on an H200, for reasons not yet understood.)
+// compares the two).
 struct CombineArgs {
   i64 part_rows, lq, o_sb, o_sh, o_sl, lse_sb, lse_sh, lse_sl;
   int splits, hkv, group, dv;

@@ -191,6 +191,14 @@ def wg_head_dim(d: int, dv: int) -> int:
     return _cdiv(max(d, dv), 64) * 64
 
 
+def packed_args(kernel: str) -> bool:
+    """Whether forward kernel ``kernel`` takes its scalar arguments as one ``AttnArgs`` struct
+    (attn_tc, attn_simt: fewer arguments, less host time per launch) rather than as plain
+    parameters in the struct's order (attn_wg: the struct made it 2.4x slower on an H200;
+    see attention.cu)."""
+    return not kernel.startswith("cunorm::attn_wg<")
+
+
 def wg_kernel(ctype: str, dp: int) -> str:
     return f"cunorm::attn_wg<{ctype}, {dp}, {WG_TILES[dp]}>"
 

@@ -24,6 +24,11 @@ def _struct(i64_fields: str, f64_fields: str, i32_fields: str) -> np.dtype:
     return np.dtype({"names": names, "formats": formats})
 
 
+#: ``struct AttnArgs`` of attention.cu (the forward kernels' scalar arguments)
+ATTN_ARGS = _struct("lq lk q_sb q_sh q_sl k_sb k_sh k_sl v_sb v_sh v_sl o_sb o_sh o_sl lse_sb "
+                    "lse_sh lse_sl m_sb m_sh m_sq m_sk row_tiles", "scale",
+                    "mask_kind hkv group d dv causal vec pad")
+
 #: ``struct CombineArgs`` of attention.cu (attn_combine's scalar arguments)
 COMBINE_ARGS = _struct("part_rows lq o_sb o_sh o_sl lse_sb lse_sh lse_sl", "",
                        "splits hkv group dv")
@@ -58,7 +63,9 @@ class Launch:
     def __init__(self, plan, kernel, combine, args: dict, combine_args: np.void, work,
                  part_rows: int, dv: int, strides_aligned: bool) -> None:
         self.plan, self.kernel, self.combine = plan, kernel, combine
-        self.args = args  # vec flag (0 / 1) -> the scalar arguments after the 8 pointers
+        # vec flag (0 / 1) -> what follows the 8 pointers: the AttnArgs record, or its
+        # fields as plain parameters (_attn_dispatch.packed_args)
+        self.args = args
         self.combine_args = combine_args
         self.work, self.part_rows, self.dv = work, part_rows, dv
         self.strides_aligned = strides_aligned
@@ -81,9 +88,11 @@ class Launch:
             stat_part = np.uint64(work.data.ptr + rows * self.dv * work.itemsize)
         else:
             o_part = stat_part = null
+        scalars = self.args[vec]
         self.kernel(plan.grid, (plan.block,),
-                    (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask)
-                    + self.args[vec], shared_mem=plan.smem)
+                    (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask,
+                     *(scalars if isinstance(scalars, tuple) else (scalars,))),
+                    shared_mem=plan.smem)
         if plan.splits > 1:
             self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
                          (o_part, stat_part, out, lse_arg, self.combine_args))
@@ -113,14 +122,16 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
     ms = (0, 0, 0, 0) if mask is None else _strides(mask, "mask")
     ls = (0, 0, 0) if lse is None else _strides(lse, "lse")
-    i64 = np.int64
-    head = (np.int32(kind), np.int32(hkv), np.int32(group), i64(lq), i64(lk), np.int32(d),
-            np.int32(dv), *(i64(s) for s in qs[:3]), *(i64(s) for s in ks[:3]),
-            *(i64(s) for s in vs[:3]), *(i64(s) for s in os_[:3]), *(i64(s) for s in ls),
-            *(i64(s) for s in ms), np.float64(scale), np.int32(bool(causal)))
-    args = {vec: (*head, np.int32(vec), i64(plan.row_tiles)) for vec in (0, 1)}
     out_strides = dict(o_sb=os_[0], o_sh=os_[1], o_sl=os_[2], lse_sb=ls[0], lse_sh=ls[1],
                        lse_sl=ls[2])
+    fields = dict(lq=lq, lk=lk, q_sb=qs[0], q_sh=qs[1], q_sl=qs[2], k_sb=ks[0], k_sh=ks[1],
+                  k_sl=ks[2], v_sb=vs[0], v_sh=vs[1], v_sl=vs[2], **out_strides, m_sb=ms[0],
+                  m_sh=ms[1], m_sq=ms[2], m_sk=ms[3], row_tiles=plan.row_tiles, scale=scale,
+                  mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(bool(causal)))
+    args = {vec: _record(ATTN_ARGS, **fields, vec=vec) for vec in (0, 1)}
+    if not _attn_dispatch.packed_args(plan.kernel):  # the same values as plain parameters
+        args = {vec: tuple(rec[name] for name in ATTN_ARGS.names if name != "pad")
+                for vec, rec in args.items()}
     part_rows = bsz * hkv * group * lq
     combine_args = _record(COMBINE_ARGS, part_rows=part_rows, lq=lq, **out_strides,
                            splits=plan.splits, hkv=hkv, group=group, dv=dv)

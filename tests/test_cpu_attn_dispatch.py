@@ -159,7 +159,8 @@ def test_kernel_files_and_names() -> None:
         assert set(names) <= set(_dispatch.all_kernel_names(arch))
 
 
-@pytest.mark.parametrize(("struct", "name"), [("CombineArgs", "COMBINE_ARGS")])
+@pytest.mark.parametrize(("struct", "name"), [("CombineArgs", "COMBINE_ARGS"),
+                                              ("AttnArgs", "ATTN_ARGS")])
 def test_argument_structs_match_the_kernel_source(struct: str, name: str) -> None:
     """The NumPy dtype the launcher passes by value has the C struct's fields, offsets and
     size (C layout: each field at its natural alignment)."""
@@ -192,3 +193,12 @@ def test_argument_structs_match_the_kernel_source(struct: str, name: str) -> Non
         assert dtype.fields[field][1] == off and dtype.fields[field][0].itemsize == size, field
     assert dtype.itemsize == -(-offset // align) * align
     assert np.zeros((), dtype)[()].nbytes == dtype.itemsize
+
+
+def test_packed_arguments_by_kernel() -> None:
+    """attn_tc and attn_simt take the AttnArgs struct; attn_wg plain parameters."""
+    for arch in (80, 90):
+        for name in a.all_kernel_names(arch):
+            if "attn_combine" in name:
+                continue
+            assert a.packed_args(name) == ("attn_wg<" not in name), name
