@@ -446,6 +446,12 @@ def test_torch_views_match_dlpack():
             assert bool((view == ref).all()), (dt, name)
     assert cunorm._array._torch_view(base.to(torch.int32), cupy) is None
     assert cunorm._array._torch_view(base[:0], cupy) is None
+    # a tensor that requires grad is refused as before (not differentiable yet), not computed
+    # without a graph
+    leaf = base.clone().requires_grad_()
+    assert cunorm._array._torch_view(leaf, cupy) is None
+    with pytest.raises((RuntimeError, BufferError), match="grad"):  # BufferError: torch 2.11
+        cunorm.softmax(leaf)
     # the view keeps the tensor alive
     view = cunorm._array._torch_view(torch.full((1000,), 7.0, device="cuda"), cupy)
     torch.cuda.empty_cache()
