@@ -63,8 +63,8 @@ class Launch:
     def __init__(self, plan, kernel, combine, args: dict, combine_args: np.void, work,
                  part_rows: int, dv: int, strides_aligned: bool) -> None:
         self.plan, self.kernel, self.combine = plan, kernel, combine
-        # vec flag (0 / 1) -> what follows the 8 pointers: the AttnArgs record, or its
-        # fields as plain parameters (_attn_dispatch.packed_args)
+        # vec flag (0 / 1) -> the arguments after the 8 pointers: the AttnArgs record alone,
+        # or its fields as plain parameters (_attn_dispatch.packed_args)
         self.args = args
         self.combine_args = combine_args
         self.work, self.part_rows, self.dv = work, part_rows, dv
@@ -88,11 +88,9 @@ class Launch:
             stat_part = np.uint64(work.data.ptr + rows * self.dv * work.itemsize)
         else:
             o_part = stat_part = null
-        scalars = self.args[vec]
         self.kernel(plan.grid, (plan.block,),
                     (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask,
-                     *(scalars if isinstance(scalars, tuple) else (scalars,))),
-                    shared_mem=plan.smem)
+                     *self.args[vec]), shared_mem=plan.smem)
         if plan.splits > 1:
             self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
                          (o_part, stat_part, out, lse_arg, self.combine_args))
@@ -128,10 +126,12 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
                   k_sl=ks[2], v_sb=vs[0], v_sh=vs[1], v_sl=vs[2], **out_strides, m_sb=ms[0],
                   m_sh=ms[1], m_sq=ms[2], m_sk=ms[3], row_tiles=plan.row_tiles, scale=scale,
                   mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(bool(causal)))
-    args = {vec: _record(ATTN_ARGS, **fields, vec=vec) for vec in (0, 1)}
-    if not _attn_dispatch.packed_args(plan.kernel):  # the same values as plain parameters
+    records = {vec: _record(ATTN_ARGS, **fields, vec=vec) for vec in (0, 1)}
+    if _attn_dispatch.packed_args(plan.kernel):
+        args = {vec: (rec,) for vec, rec in records.items()}
+    else:  # the same values as plain parameters, in the struct's order
         args = {vec: tuple(rec[name] for name in ATTN_ARGS.names if name != "pad")
-                for vec, rec in args.items()}
+                for vec, rec in records.items()}
     part_rows = bsz * hkv * group * lq
     combine_args = _record(COMBINE_ARGS, part_rows=part_rows, lq=lq, **out_strides,
                            splits=plan.splits, hkv=hkv, group=group, dv=dv)
