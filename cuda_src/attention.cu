@@ -345,8 +345,7 @@ __device__ __forceinline__ void attn_load_tile(T* tile, const T* src, const ROWO
       const bool ok = rr < nrows && col < ncols;
       const T* g = ok ? src + row_off(rr) + col : src;
       const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "r"(ok ? 16 : 0)
-                   : "memory");
+      copy_async_zfill16(s, g, ok ? 16 : 0);
     } else {
       Pack<T, 8> p;
 #pragma unroll
@@ -379,9 +378,7 @@ __device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, in
 #pragma unroll
       for (int i = 0; i < ROWS / kStep; ++i) {
         const bool ok = col_ok && r + i * kStep < nrows;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(ok ? g : src),
-                     "r"(ok ? 16 : 0)
-                     : "memory");
+        copy_async_zfill16(dst, ok ? g : src, ok ? 16 : 0);
         g += kStep * ld;
         dst += kStep * LAYOUT::kRowStride * static_cast<int>(sizeof(T));
       }
@@ -425,10 +422,8 @@ template <int ROWS, int DP, class LAYOUT, int THREADS, typename T> struct AttnTi
         const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(tile + dst_off));
 #pragma unroll
         for (int i = 0; i < ROWS / kStep; ++i) {
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                           dst + i * kStep * LAYOUT::kRowStride * static_cast<int>(sizeof(T))),
-                       "l"(g), "r"(bytes)
-                       : "memory");
+          copy_async_zfill16(dst + i * kStep * LAYOUT::kRowStride * static_cast<int>(sizeof(T)),
+                             g, bytes);
           g += kStep * ld;
         }
         return;

@@ -276,6 +276,15 @@ __device__ __forceinline__ void copy_async(void* smem_dst, const void* gmem_src)
     *reinterpret_cast<unsigned short*>(smem_dst) = *reinterpret_cast<const unsigned short*>(gmem_src);
   }
 }
+// 16 bytes into shared memory (a 32-bit shared address) by cp.async, the first src_bytes (0
+// or 16) read from gmem_src and the rest zero-filled: a tile's padding rows and columns cost
+// the same instruction as its data.
+__device__ __forceinline__ void copy_async_zfill16(unsigned smem_dst, const void* gmem_src,
+                                                   unsigned src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src),
+               "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");

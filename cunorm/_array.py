@@ -343,7 +343,7 @@ def _torch_view(x, cupy):
     itemsize = dtype.itemsize
     shape, strides = tuple(x.shape), x.stride()
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))  # elements
-    mem = cupy.cuda.UnownedMemory(x.data_ptr(), span * itemsize, x, x.device.index)
+    mem = cupy.cuda.UnownedMemory(x.data_ptr(), span * itemsize, x, x.get_device())
     return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0),
                         tuple(s * itemsize for s in strides))
 
