@@ -389,6 +389,29 @@ def test_write_files(tmp_path: Path) -> None:
     assert data["forward"][0]["flops"] == A.attention_flops(32, 32, 512, 512, 64, False)
 
 
+def test_device_uuid_in_header(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from cunorm.bench import report
+
+    raw = bytes(range(16))
+    props = {"uuid": raw}
+    rt = types.SimpleNamespace(getDeviceProperties=lambda i: props)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    uuid = env.device_uuid()
+    assert uuid == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    meta = {"device": "NVIDIA H200", "date": "2026-11-22", "versions": {}, "copy_gbps": 4228.0,
+            "uuid": uuid}
+    assert "Device: **NVIDIA H200** (GPU-00010203-0405-0607-0809-0a0b0c0d0e0f). " in "\n".join(
+        report.header_lines(meta, "softmax", "m"))
+    props["uuid"] = b""  # a runtime without one: no suffix
+    assert env.device_uuid() == "" and report.uuid_suffix({"uuid": ""}) == ""
+    assert "Device: **NVIDIA H200**. " in "\n".join(report.header_lines(
+        {**meta, "uuid": env.device_uuid()}, "softmax", "m"))
+
+
 def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     meta = {"device": "NVIDIA H200", "date": "2026-11-21"}

@@ -15,7 +15,8 @@ with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argumen
 ``block-sizes`` rows on blocks of any whole number of warps against power-of-two blocks,
 ``smem-blocks`` the smem path at fixed block sizes;
 ``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
-there with and without weight and bias (``affine-kernels``: one launch each, for ncu);
+there with and without weight and bias (``affine-kernels``: one launch each, for ncu),
+``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns);
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu). The commands live in profile_rows.py,
@@ -47,6 +48,7 @@ COMMANDS = {
                                           24576),
     "carveout": norms.carveout, "affine-cost": norms.affine_cost,
     "affine-kernels": norms.affine_kernels,
+    "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,

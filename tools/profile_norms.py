@@ -220,17 +220,26 @@ def carveout(rows: int = 12288) -> None:
 # What the affine parameters cost on the smem path: layer_norm and rms_norm with and without
 # weight (and bias), next to softmax, on the same rows.
 AFFINE_COST_CASES = [("float16", 12288), ("float16", 32768), ("bfloat16", 12288)]
+# Register-path rows (block path up to 8192 columns, smem at 12288), for param-cost.
+PARAM_COST_CASES = [(dt, cols) for dt in ("float16", "bfloat16")
+                    for cols in (2048, 4096, 8192, 12288)]
 
 
-def affine_cost(rows: int = 12288) -> None:
-    """GB/s of the norms on AFFINE_COST_CASES with weight and bias, weight only and neither."""
+def affine_cost(rows: int = 12288, cases: list[tuple[str, int]] = AFFINE_COST_CASES) -> None:
+    """GB/s (and % of the copy bandwidth) of the norms on ``cases`` with weight and bias, with
+    one of them and with neither, against softmax on the same rows."""
     from triton.testing import do_bench
 
+    from cunorm.bench.timing import TritonTimer, copy_bandwidth
+
     _warm_up()
-    for dt, cols in AFFINE_COST_CASES:
+    copy = copy_bandwidth(TritonTimer())
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    for dt, cols in cases:
         y, _, (x, w, b) = _affine_case("layer_norm", dt, rows, cols)
         for name, fn, args in (("layer_norm w+b", cunorm.layer_norm, (x, w, b)),
                                ("layer_norm w", cunorm.layer_norm, (x, w)),
+                               ("layer_norm b", cunorm.layer_norm, (x, None, b)),
                                ("layer_norm", cunorm.layer_norm, (x,)),
                                ("rms_norm w", cunorm.rms_norm, (x, w)),
                                ("rms_norm", cunorm.rms_norm, (x,)),
@@ -238,7 +247,8 @@ def affine_cost(rows: int = 12288) -> None:
             fn(*args, out=y)
             ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
                           return_mode="median")
-            print(f"{dt} ({rows}, {cols}) {name:15s} {2 * y.nbytes / ms / 1e6:5.0f} GB/s",
+            gbps = 2 * y.nbytes / ms / 1e6
+            print(f"{dt} ({rows}, {cols}) {name:15s} {gbps:5.0f} GB/s {100 * gbps / copy:5.1f}%",
                   flush=True)
         del y, x, w, b
 

@@ -61,6 +61,20 @@ def device_name(device_id: int = 0) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def device_uuid(device_id: int = 0) -> str:
+    """UUID of CUDA device ``device_id`` as nvidia-smi prints it (``GPU-xxxxxxxx-xxxx-...``),
+    or ``""`` where the runtime reports none. Reports carry it because two GPUs of one model
+    differ: the same layer_norm kernel measured 6% apart on two H200s with equal copy
+    bandwidth (benchmarks/results/nvidia-h200-2026-11-22-rowops-profile.txt)."""
+    import cupy
+
+    raw = cupy.cuda.runtime.getDeviceProperties(device_id).get("uuid")
+    if not raw or len(bytes(raw)) != 16:
+        return ""
+    h = bytes(raw).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def slugify(name: str) -> str:
     """File-name form of a device name: ``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``.
 
@@ -127,6 +141,7 @@ def run_meta(command: str) -> dict[str, Any]:
     device = device_name()
     return {
         "device": device,
+        "uuid": device_uuid(),
         "slug": slugify(device),
         "date": today(),
         "versions": versions(),

@@ -343,13 +343,18 @@ def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
     )
 
 
+def uuid_suffix(meta: dict[str, Any]) -> str:
+    """`` (GPU-...)`` after the device name where the run recorded the GPU's UUID."""
+    return f" ({meta['uuid']})" if meta.get("uuid") else ""
+
+
 def header_lines(meta: dict[str, Any], what: str, method: str) -> list[str]:
     """The opening of a results file: title, device and copy bandwidth, versions, command,
     method (``what``: e.g. ``"softmax"``; the title reads "cunorm <what> benchmark")."""
     return [
         f"# cunorm {what} benchmark, {meta['device']}, {meta['date']}",
         "",
-        f"Device: **{meta['device']}**. Device-to-device copy (read+write): "
+        f"Device: **{meta['device']}**{uuid_suffix(meta)}. Device-to-device copy (read+write): "
         f"**{meta['copy_gbps']:.0f} GB/s**.",
         "",
         f"Versions: {versions_line(meta)}.",
