@@ -217,8 +217,8 @@ def carveout(rows: int = 12288) -> None:
         del y, args
 
 
-# What the affine parameters cost on the smem path: layer_norm and rms_norm with and without
-# weight (and bias), next to softmax, on the same rows.
+# What the affine parameters cost (affine_cost): layer_norm and rms_norm with and without
+# weight (and bias), next to softmax, on the same rows; these rows take the smem path.
 AFFINE_COST_CASES = [("float16", 12288), ("float16", 32768), ("bfloat16", 12288)]
 # Register-path rows (block path up to 8192 columns, smem at 12288), for param-cost.
 PARAM_COST_CASES = [(dt, cols) for dt in ("float16", "bfloat16")
@@ -230,7 +230,7 @@ def affine_cost(rows: int = 12288, cases: list[tuple[str, int]] = AFFINE_COST_CA
     one of them and with neither, against softmax on the same rows."""
     from triton.testing import do_bench
 
-    from cunorm.bench.timing import TritonTimer, copy_bandwidth
+    from cunorm.bench.timing import TritonTimer, copy_bandwidth, gbps
 
     _warm_up()
     copy = copy_bandwidth(TritonTimer())
@@ -247,8 +247,8 @@ def affine_cost(rows: int = 12288, cases: list[tuple[str, int]] = AFFINE_COST_CA
             fn(*args, out=y)
             ms = do_bench(functools.partial(fn, *args, out=y), warmup=10, rep=50,
                           return_mode="median")
-            gbps = 2 * y.nbytes / ms / 1e6
-            print(f"{dt} ({rows}, {cols}) {name:15s} {gbps:5.0f} GB/s {100 * gbps / copy:5.1f}%",
+            rate = gbps(2 * y.nbytes, ms)
+            print(f"{dt} ({rows}, {cols}) {name:15s} {rate:5.0f} GB/s {100 * rate / copy:5.1f}%",
                   flush=True)
         del y, x, w, b
 
