@@ -10,11 +10,12 @@
 // Causal: query i sees key j iff j <= i + Lk - Lq (aligned bottom-right).
 //
 // Kernels (chosen by cunorm/_attn_dispatch.py):
-//   attn_wg<T, DP, BN>   float16 / bfloat16 on sm_90a: warpgroup MMA (wgmma), 2 warpgroups x
-//                        64 query rows, Q / K / V tiles in 128-byte-swizzled shared memory,
-//                        S = Q K^T from shared memory, O += P V with P from registers; the
-//                        next tile's S and this tile's P V overlap the softmax. DP = head dim
-//                        padded to a multiple of 64, BN keys per tile.
+//   attn_wg<T, DP, BN, WG>  float16 / bfloat16 on sm_90a: warpgroup MMA (wgmma), WG
+//                        warpgroups x 64 query rows, Q / K / V tiles in 128-byte-swizzled
+//                        shared memory, S = Q K^T from shared memory, O += P V with P from
+//                        registers; the next tile's S and this tile's P V overlap the softmax.
+//                        DP = head dim padded to a multiple of 64, BN keys per tile. WG = 1
+//                        blocks are compiled for 2 resident per SM.
 //   attn_tc<T, DP, BN, MW, KS, ST>  float16 / bfloat16 on tensor cores: mma.sync m16n8k16
 //                        with float32 accumulation, ldmatrix from swizzled shared memory,
 //                        cp.async pipelining of the K/V tiles over ST stages. 4 warps x 16 * MW
@@ -760,14 +761,19 @@ CUNORM_WGMMA(bf16_t, "bf16")
 #undef CUNORM_R64
 #endif  // CUNORM_SM90A
 
-// Two warpgroups x 64 query rows (BM = 128), BN keys per tile, DP = head dim padded to 64.
+// WG warpgroups x 64 query rows (BM = 64 WG), BN keys per tile, DP = head dim padded to 64.
 // K and V tiles are double-buffered by cp.async. Within an iteration the warpgroup issues
 // S' = Q K'^T for the next tile, then computes the online softmax of the current tile while
 // the tensor cores work, then issues O += P V; one barrier per key tile.
-template <typename T, int DP, int BN>
-__global__ void __launch_bounds__(256, 1) attn_wg(CUNORM_ATTN_PARAMS) {
+// A block's loads of Q and of its first K / V tiles, its first softmax and its last P V and
+// output stores do not overlap its own MMAs: with one block per SM they cost about 5 us a
+// block (H200, D = 64, ncu), the whole gap to FlashAttention-2 on short rows. One-warpgroup
+// blocks, 2 per SM, hide them behind each other (each block loads K / V for 64 rows only).
+template <typename T, int DP, int BN, int WG>
+__global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN_PARAMS) {
 #if defined(CUNORM_SM90A)
-  constexpr int BM = 128;
+  constexpr int BM = 64 * WG;
+  constexpr int THREADS = 128 * WG;
   constexpr int NB = BN / 8;  // n8 blocks of scores
   constexpr int ND = DP / 8;  // n8 blocks of output
   constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
@@ -794,12 +800,12 @@ __global__ void __launch_bounds__(256, 1) attn_wg(CUNORM_ATTN_PARAMS) {
       q_rows, d, vec != 0);
   auto load_k = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
-    attn_load_rows<BN, DP, Sw128<BN>, 256>(ks + stage * BN * DP, kb + n0 * k_sl, k_sl,
+    attn_load_rows<BN, DP, Sw128<BN>, THREADS>(ks + stage * BN * DP, kb + n0 * k_sl, k_sl,
                                            static_cast<int>(min(static_cast<i64>(BN), lk - n0)), d, vec != 0);
   };
   auto load_v = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
-    attn_load_rows<BN, DP, Sw128<BN>, 256>(vs + stage * BN * DP, vb + n0 * v_sl, v_sl,
+    attn_load_rows<BN, DP, Sw128<BN>, THREADS>(vs + stage * BN * DP, vb + n0 * v_sl, v_sl,
                                            static_cast<int>(min(static_cast<i64>(BN), lk - n0)), dv, vec != 0);
   };
 

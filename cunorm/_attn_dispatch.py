@@ -7,7 +7,7 @@ so every branch is unit-tested on a CPU.
 A launch covers, for every (batch, KV head), the ``G * Lq`` query rows of that KV head's
 ``G = Hq / Hkv`` query heads, flattened (grouped-query attention shares each K/V tile across the
 group). float16 / bfloat16 run on tensor cores: on compute capability 9.0 with warpgroup MMA
-(``attn_wg``, sm_90a, 128 query rows per block), elsewhere, for head dims up to 32 and for
+(``attn_wg``, sm_90a, 64 or 128 query rows per block), elsewhere, for head dims up to 32 and for
 fewer than WG_MIN_ROWS rows per KV head, with warp-level ``mma.sync`` (``attn_tc``, 64 rows);
 float32 / float64 on the SIMT path (``attn_simt``, 8 rows per block). When the row tiles cannot
 fill the GPU (decoding: ``Lq = 1``), the keys are split over ``splits`` blocks per row tile
@@ -27,12 +27,27 @@ from ._dispatch import CTYPE, Occupancy, _cdiv
 TC_DTYPES = ("float16", "bfloat16")
 SIMT_DTYPES = ("float32", "float64")
 MAX_HEAD_DIM = 256
-#: warpgroup path (wgmma): query rows per block (2 warpgroups x 64), threads, keys per tile by
-#: head dim padded to 64. ptxas (sm_90a): 200 registers at D = 64 / BN = 128, 236 at 128 / 128,
-#: 218 at 192 / 64, 250 at 256 / 64, no spills; 256 / 128 spills.
-WG_BLOCK_M = 128
-WG_THREADS = 256
-WG_TILES = {64: 128, 128: 128, 192: 64, 256: 64}
+#: warpgroup path (wgmma): query rows and threads per warpgroup; keys per tile by (head dim
+#: padded to 64, warpgroups per block). ptxas (sm_90a), two warpgroups: 200 registers at D = 64
+#: / BN = 128, 236 at 128 / 128, 218 at 192 / 64, 250 at 256 / 64, no spills; 256 / 128
+#: spills. One-warpgroup blocks are compiled for 2 resident per SM (at most 255 registers, and
+#: at most half the shared memory: BN = 64 from D = 128 on, none past D = 128).
+WG_ROWS = 64
+WG_GROUP_THREADS = 128
+WG_TILES = {(64, 2): 128, (128, 2): 128, (192, 2): 64, (256, 2): 64, (64, 1): 128, (128, 1): 64}
+#: One- or two-warpgroup blocks. A block's Q and first K / V loads, first softmax and last
+#: P V do not overlap its own MMAs: about 5 us a block on an H200 (ncu, bf16 D = 64, L = 512,
+#: two warpgroups: 22.2k cycles a block against 13.4k for its four key tiles at the rate of
+#: L = 16384), while one block per SM leaves the tensor cores idle. Two one-warpgroup blocks
+#: per SM cover for each other, at twice the K / V traffic per query row. H200, bf16, 16k
+#: tokens, TFLOP/s one / two warpgroups, one run (tools/gpu_profile.py attention-groups):
+#: D = 64, L = 512 ... 16384: 203 / 176, 260 / 228, 299 / 263, 317 / 282, 329 / 294, 327 / 301;
+#: causal: 67 / 81, 125 / 138, 203 / 196, 264 / 241, 300 / 271, 320 / 295 (64-row blocks
+#: with 128-key tiles compute more masked scores on the diagonal of short rows). D = 128 (one
+#: warpgroup: 64-key tiles): 243 / 251, 302 / 326, 334 / 380, 349 / 407, 350 / 425, 359 / 426;
+#: causal: 138 / 122, 215 / 203, 276 / 283, 314 / 346, 345 / 393, 354 / 424. So D = 64 takes
+#: one warpgroup and D = 128 two, each the other way for causal rows of at most this many keys.
+WG_CAUSAL_SHORT_KEYS = 1024
 #: head dims up to this stay on attn_tc (padding them to 64 would double the MMA work), as do
 #: launches with fewer than WG_MIN_ROWS query rows per KV head (decoding: 64-row tiles waste
 #: less than 128-row ones)
@@ -101,6 +116,8 @@ class AttnPlan:
 
 _FORCED_SPLIT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "cunorm_attn_split", default=None)
+_FORCED_GROUPS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "cunorm_attn_warpgroups", default=None)
 
 
 @contextlib.contextmanager
@@ -128,6 +145,36 @@ def force_split(splits: int | None) -> Iterator[None]:
 def forced_split() -> int | None:
     """The split count forced by the innermost :func:`force_split`, or ``None``."""
     return _FORCED_SPLIT.get()
+
+
+@contextlib.contextmanager
+def force_warpgroups(groups: int | None) -> Iterator[None]:
+    """Force the warpgroups per block (1 or 2) of every warpgroup-MMA plan made inside the
+    block (tests, measurements); head dims without a one-warpgroup kernel keep 2. ``None``
+    restores the planner's choice (:func:`wg_groups`).
+
+    Examples
+    --------
+    >>> with force_warpgroups(2):
+    ...     pass  # cunorm.attention(q, k, v) here runs 128-row blocks on an H100 / H200
+    """
+    if groups not in (None, 1, 2):
+        raise ValueError(f"force_warpgroups(): groups must be 1, 2 or None, got {groups!r}")
+    token = _FORCED_GROUPS.set(groups)
+    try:
+        yield
+    finally:
+        _FORCED_GROUPS.reset(token)
+
+
+def forced_warpgroups() -> int | None:
+    """The warpgroup count forced by the innermost :func:`force_warpgroups`, or ``None``."""
+    return _FORCED_GROUPS.get()
+
+
+def forced_choices() -> tuple[int | None, int | None]:
+    """``(forced_split(), forced_warpgroups())``: part of the key of every memoized plan."""
+    return _FORCED_SPLIT.get(), _FORCED_GROUPS.get()
 
 
 def padded_head_dim(d: int, dv: int) -> int:
@@ -199,14 +246,24 @@ def packed_args(kernel: str) -> bool:
     return not kernel.startswith("cunorm::attn_wg<")
 
 
-def wg_kernel(ctype: str, dp: int) -> str:
-    return f"cunorm::attn_wg<{ctype}, {dp}, {WG_TILES[dp]}>"
+def wg_groups(dp: int, lk: int, causal: bool, forced: int | None = None) -> int:
+    """Warpgroups per block of ``attn_wg`` at head dim ``dp`` over ``lk`` keys: 1 at D = 64,
+    2 above, the other way for causal rows of at most WG_CAUSAL_SHORT_KEYS keys; ``forced``
+    (1 or 2) overrides that where the kernel exists (no one-warpgroup kernel past D = 128)."""
+    if forced is None:
+        single = dp == 64
+        forced = 1 if single != (causal and lk <= WG_CAUSAL_SHORT_KEYS) else 2
+    return forced if (dp, forced) in WG_TILES else 2
 
 
-def wg_smem(dp: int) -> int:
+def wg_kernel(ctype: str, dp: int, groups: int = 2) -> str:
+    return f"cunorm::attn_wg<{ctype}, {dp}, {WG_TILES[dp, groups]}, {groups}>"
+
+
+def wg_smem(dp: int, groups: int = 2) -> int:
     """Shared memory of ``attn_wg``: the Q tile and two stages of K and V tiles (16-bit), plus
     1 KB to align them to the 1024-byte period of wgmma's 128-byte swizzle."""
-    return (WG_BLOCK_M + 4 * WG_TILES[dp]) * dp * 2 + 1024
+    return (WG_ROWS * groups + 4 * WG_TILES[dp, groups]) * dp * 2 + 1024
 
 
 def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int) -> bool:
@@ -239,7 +296,7 @@ def choose_splits(row_blocks: int, key_tiles: int, resident: int) -> int:
 
 def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hkv: int,
                    group: int, props: DeviceProps, occ: Occupancy,
-                   splits: int | None = None) -> AttnPlan:
+                   splits: int | None = None, causal: bool = False) -> AttnPlan:
     """Plan an attention forward.
 
     Parameters
@@ -258,6 +315,9 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         Occupancy oracle.
     splits : int, optional
         Force the split-KV count (default: :func:`forced_split`, else the planner's choice).
+    causal : bool
+        Whether the launch applies the causal mask (it picks the warpgroups per block,
+        :func:`wg_groups`).
 
     Returns
     -------
@@ -269,7 +329,9 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
     >>> p = plan_attention("bfloat16", 128, 128, 4096, 4096, 4, 16, 1, h100, lambda k, b, s: 2)
     >>> p.kernel, p.grid, p.splits
-    ('cunorm::attn_wg<cunorm::bf16_t, 128, 128>', (2048, 1, 1), 1)
+    ('cunorm::attn_wg<cunorm::bf16_t, 128, 128, 2>', (2048, 1, 1), 1)
+    >>> plan_attention("bfloat16", 64, 64, 4096, 4096, 4, 32, 1, h100, lambda k, b, s: 2).kernel
+    'cunorm::attn_wg<cunorm::bf16_t, 64, 128, 1>'
     >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits
     32
     """
@@ -283,9 +345,10 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     rows = group * lq
     if uses_wgmma(dtype, d, dv, rows, props.arch):
         dp = wg_head_dim(d, dv)
-        bn = WG_TILES[dp]
-        kernel = wg_kernel(ctype, dp)
-        smem, threads, bm = wg_smem(dp), WG_THREADS, WG_BLOCK_M
+        groups = wg_groups(dp, lk, causal, forced_warpgroups())
+        bn = WG_TILES[dp, groups]
+        kernel = wg_kernel(ctype, dp, groups)
+        smem, threads, bm = wg_smem(dp, groups), WG_GROUP_THREADS * groups, WG_ROWS * groups
     elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
         bn = tc_block_n(dp)
@@ -322,7 +385,7 @@ def all_kernel_names(arch: int) -> list[str]:
         names += [tc_kernel(ctype, dp, TC_KEY_SPLIT) for dp in TC_TILES
                   if tc_key_split(dp, 1) > 1]
         if arch == 90:
-            names += [wg_kernel(ctype, dp) for dp in WG_TILES]
+            names += [wg_kernel(ctype, dp, groups) for dp, groups in WG_TILES]
     for dtype in SIMT_DTYPES:
         ctype = CTYPE[dtype]
         names += [f"cunorm::attn_simt<{ctype}, {n}>" for n in range(1, MAX_HEAD_DIM // 32 + 1)]

@@ -10,7 +10,8 @@ from . import _attn_dispatch
 from ._device import device_props
 from ._kernels import get_kernel, occupancy
 
-# (device, dtype, d, dv, lq, lk, batch, hkv, group, forced split) -> (plan, kernel, combine)
+# (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, forced choices)
+# -> (plan, kernel, combine)
 _PLANS: dict[tuple, tuple] = {}
 
 _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
@@ -110,11 +111,12 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     strides_aligned = d % 8 == 0 and dv % 8 == 0 and all(
         (s * isz) % 16 == 0 for st in (qs, ks, vs, os_) for s in st[:3])
     dev = q.data.device_id
-    forced = _attn_dispatch.forced_split()
-    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, forced)
+    forced = _attn_dispatch.forced_choices()
+    causal = bool(causal)
+    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal, forced)
     entry = _PLANS.get(key)
     if entry is None:
-        entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group)
+        entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal)
     plan, kernel, combine = entry
 
     kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
@@ -125,7 +127,7 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     fields = dict(lq=lq, lk=lk, q_sb=qs[0], q_sh=qs[1], q_sl=qs[2], k_sb=ks[0], k_sh=ks[1],
                   k_sl=ks[2], v_sb=vs[0], v_sh=vs[1], v_sl=vs[2], **out_strides, m_sb=ms[0],
                   m_sh=ms[1], m_sq=ms[2], m_sk=ms[3], row_tiles=plan.row_tiles, scale=scale,
-                  mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(bool(causal)))
+                  mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(causal))
     records = {vec: _record(ATTN_ARGS, **fields, vec=vec) for vec in (0, 1)}
     if _attn_dispatch.packed_args(plan.kernel):
         args = {vec: (rec,) for vec, rec in records.items()}
@@ -176,7 +178,7 @@ def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None,
 
 
 def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int, hkv: int,
-               group: int):
+               group: int, causal: bool):
     props = device_props(dev)
 
     def kernel_for(name: str):
@@ -186,5 +188,6 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
     def occ(name: str, block: int, smem: int) -> int:
         return occupancy(kernel_for(name), block, smem)
 
-    plan = _attn_dispatch.plan_attention(dtype, d, dv, lq, lk, bsz, hkv, group, props, occ)
+    plan = _attn_dispatch.plan_attention(dtype, d, dv, lq, lk, bsz, hkv, group, props, occ,
+                                         causal=causal)
     return plan, kernel_for(plan.kernel), kernel_for(plan.combine)

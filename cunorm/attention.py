@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _array, _attention_layout, _attention_ref
-from ._attn_dispatch import forced_split
+from ._attn_dispatch import forced_choices
 
 FNAME = "attention"
 #: the largest head dim (of q and k, and of v) the kernels take; every kind is held to it, so
@@ -252,7 +252,7 @@ def _memo_key(q, k, v, causal, scale, return_lse) -> tuple | None:
         return None
     return (q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
             v.dtype, q.data.device_id, k.data.device_id, v.data.device_id, causal, scale,
-            return_lse, forced_split())
+            return_lse, forced_choices())
 
 
 class _FastCall:

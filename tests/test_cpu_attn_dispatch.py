@@ -32,17 +32,51 @@ def test_tensor_core_kernel_per_head_dim(dtype: str, d: int, dp: int) -> None:
     assert "attn_wg" not in " ".join(a.all_kernel_names(80))
 
 
-@pytest.mark.parametrize(("d", "dv", "dp"), [(33, 33, 64), (64, 64, 64), (80, 80, 128),
-                                             (128, 128, 128), (64, 129, 192), (256, 256, 256)])
+@pytest.mark.parametrize(("d", "dv", "dp", "groups"), [
+    (33, 33, 64, 1), (64, 64, 64, 1), (80, 80, 128, 2), (128, 128, 128, 2), (64, 129, 192, 2),
+    (256, 256, 256, 2)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_warpgroup_kernel_on_sm90(dtype: str, d: int, dv: int, dp: int) -> None:
+def test_warpgroup_kernel_on_sm90(dtype: str, d: int, dv: int, dp: int, groups: int) -> None:
+    """attn_wg: one-warpgroup blocks at head dim 64, two above (non-causal)."""
     p = a.plan_attention(dtype, d, dv, 1000, 1000, 2, 8, 1, H100, occ2, splits=1)
-    bn = a.WG_TILES[dp]
-    assert p.kernel == f"cunorm::attn_wg<{_dispatch.CTYPE[dtype]}, {dp}, {bn}>"
-    assert p.block == a.WG_THREADS == 256
-    assert p.smem == (128 + 4 * bn) * dp * 2 + 1024 <= H100.smem_per_block_optin
-    assert p.row_tiles == -(-1000 // 128) and p.grid == (p.row_tiles * 16, 1, 1)
+    bn = a.WG_TILES[dp, groups]
+    assert p.kernel == f"cunorm::attn_wg<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {groups}>"
+    assert p.block == 128 * groups
+    assert p.smem == (64 * groups + 4 * bn) * dp * 2 + 1024 <= H100.smem_per_block_optin
+    if groups == 1:  # two blocks per SM
+        assert 2 * (p.smem + 1024) <= H100.smem_per_sm
+    assert p.row_tiles == -(-1000 // (64 * groups)) and p.grid == (p.row_tiles * 16, 1, 1)
     assert p.kernel in a.all_kernel_names(90)
+
+
+@pytest.mark.parametrize(("dp", "lk", "causal", "groups"), [
+    (64, 512, False, 1), (64, 65536, False, 1), (64, 1024, True, 2), (64, 1025, True, 1),
+    (128, 512, False, 2), (128, 1024, True, 1), (128, 1025, True, 2), (192, 512, True, 2),
+    (256, 100, True, 2)])
+def test_warpgroups_per_block(dp: int, lk: int, causal: bool, groups: int) -> None:
+    """One warpgroup at D = 64 and two above, the other way for short causal rows; no
+    one-warpgroup kernel past D = 128."""
+    assert a.wg_groups(dp, lk, causal) == groups
+    p = a.plan_attention("bfloat16", dp, dp, lk, lk, 1, 4, 2, H100, occ2, causal=causal)
+    assert p.kernel.endswith(f", {groups}>") and p.block == 128 * groups
+
+
+def test_forced_warpgroups() -> None:
+    """force_warpgroups overrides the rule where the kernel exists and is part of the plan
+    memo key; bad counts are refused."""
+    assert a.forced_choices() == (None, None)
+    for forced in (1, 2):
+        with a.force_warpgroups(forced), a.force_split(3):
+            assert a.forced_choices() == (3, forced)
+            for dp in (64, 128):
+                p = a.plan_attention("float16", dp, dp, 512, 512, 1, 4, 1, H100, occ2)
+                assert p.kernel.endswith(f", {forced}>")
+            p = a.plan_attention("float16", 256, 256, 512, 512, 1, 4, 1, H100, occ2)
+            assert p.kernel.endswith(", 2>")
+    assert a.forced_choices() == (None, None)
+    with pytest.raises(ValueError, match="groups must be 1, 2 or None"):
+        with a.force_warpgroups(3):
+            pass
 
 
 @pytest.mark.parametrize(("d", "lq", "group", "kernel"), [

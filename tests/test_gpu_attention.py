@@ -34,6 +34,9 @@ HEAD_DIMS = [(16, 16), (32, 32), (40, 40), (64, 64), (80, 80), (96, 96), (128, 1
              (160, 160), (256, 256), (64, 32)]
 #: None: the dispatcher's choice; then every forced split-KV count (1 = no split)
 SPLITS = [None, 1, 2, 7]
+#: (split-KV count, warpgroups per block) forced together: every split, then each warpgroup
+#: count of the sm_90 warpgroup kernel (elsewhere the planner ignores the warpgroups)
+CHOICES = [(split, None) for split in SPLITS] + [(None, 1), (None, 2)]
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -46,6 +49,14 @@ def force_split(n: int | None):
     if n is None:
         return contextlib.nullcontext()
     return importlib.import_module("cunorm._attn_dispatch").force_split(n)
+
+
+@contextlib.contextmanager
+def force_choices(split: int | None, groups: int | None):
+    """``split`` KV splits and ``groups`` warpgroups per block forced (None: the planner's)."""
+    dispatch = importlib.import_module("cunorm._attn_dispatch")
+    with force_split(split), dispatch.force_warpgroups(groups):
+        yield
 
 
 def to_host(a) -> np.ndarray:
@@ -245,20 +256,22 @@ def make_case(rng, sc: Scenario, dtype: np.dtype, d: int, dv: int):
 @pytest.mark.parametrize(("d", "dv"), HEAD_DIMS, ids=lambda x: str(x))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: dt.name)
 def test_matches_reference(rng, dtype, d, dv, causal):
-    """Every scenario, every split count on the same inputs, out poisoned with NaN."""
+    """Every scenario, every split count and warpgroup count on the same inputs, out
+    poisoned with NaN."""
     for sc in SCENARIOS:
         q, k, v, mask, out = make_case(rng, sc, dtype, d, dv)
         ref, ref_lse = reference(q, k, v, causal=causal, mask=mask)
         live = ~np.isneginf(ref_lse).reshape(-1)
         nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live]
                      .max(initial=0.0))
-        for split in SPLITS:
+        for split, groups in CHOICES:
             out[...] = np.nan  # every element must be written
-            with force_split(split):
+            with force_choices(split, groups):
                 res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
                                             return_lse=True)
             assert res is out
-            check(out, lse, ref, ref_lse, nerr, dtype, f"{sc.name} split={split}")
+            check(out, lse, ref, ref_lse, nerr, dtype,
+                  f"{sc.name} split={split} groups={groups}")
         # no out=, no lse: a fresh CuPy array of the broadcast shape
         res = cunorm.attention(q, k, v, causal=causal, mask=mask)
         check(res, None, ref, ref_lse, nerr, dtype, f"{sc.name} fresh")
@@ -432,7 +445,7 @@ def test_out_overlapping_inputs(rng):
 def test_repeated_calls_take_the_memo(rng, launches, return_lse):
     """A second call of the same geometry skips validation and planning (no launcher call)
     and is still right on new data, on a misaligned start (no 16-byte packs) and under a
-    forced split (another key)."""
+    forced split or warpgroup count (other keys)."""
     buf = {n: cupy.asarray(randn(rng, (1, 8, 300, 72), np.float16)) for n in "qkv"}
     q, k, v = (buf[n][:, :, :, :64] for n in "qkv")  # (1, 8, 300, 64), row stride 72
     q = q[:, :, :1]  # decoding: Lq = 1 over 300 keys, 8 query heads on 2 KV heads
@@ -452,6 +465,9 @@ def test_repeated_calls_take_the_memo(rng, launches, return_lse):
     with force_split(3):  # a forced split is part of the key
         out = cunorm.attention(q, k, v, return_lse=return_lse)
     assert len(launches) == 2
+    with force_choices(None, 2):  # so is a forced warpgroup count
+        cunorm.attention(q, k, v, return_lse=return_lse)
+    assert len(launches) == 3
     res = out[0] if return_lse else out
     assert bool((cupy.abs(res.astype(np.float32) - results[0].astype(np.float32)) < 1e-2).all())
 

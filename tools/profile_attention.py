@@ -12,32 +12,64 @@ import numpy as np
 import cunorm
 
 
-def attention() -> None:
-    """TFLOP/s of cunorm.attention against torch SDPA's flash backend, bf16, 16k tokens."""
+def _fa2_case(d: int, seq: int, causal: bool):
+    """A bf16 forward of FlashAttention's convention (16k tokens, hidden 2048): CuPy q, k, v,
+    the FLOP count, torch SDPA's flash-backend output and its median time (ms, L2 flushed)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
+    b, h = 16384 // seq, 2048 // d
+    q, k, v = (cupy.random.standard_normal((b, h, seq, d), dtype=np.float32)
+               .astype(cupy.dtype("bfloat16")) for _ in range(3))
+    flops = 4 * b * h * seq * seq * d / (2 if causal else 1)
+    tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+    fa2 = functools.partial(torch.nn.functional.scaled_dot_product_attention, tq, tk, tv,
+                            is_causal=causal)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        ref = fa2()
+        ms_fa = do_bench(fa2, warmup=5, rep=30, return_mode="median")
+    return q, k, v, flops, ref, ms_fa
+
+
+def _cunorm_case(q, k, v, causal: bool, ref) -> tuple[float, float]:
+    """(median ms, max |cunorm - ref|) of cunorm.attention on q, k, v."""
+    import torch
+    from triton.testing import do_bench
+
+    fn = functools.partial(cunorm.attention, q, k, v, causal=causal)
+    ms = do_bench(fn, warmup=5, rep=30, return_mode="median")
+    err = float((torch.from_dlpack(fn()).float() - ref.float()).abs().max())
+    return ms, err
+
+
+def attention() -> None:
+    """TFLOP/s of cunorm.attention against torch SDPA's flash backend, bf16, 16k tokens."""
     for d in (64, 128):
         for seq in (1024, 4096, 16384):
             for causal in (False, True):
-                b, h = 16384 // seq, 2048 // d
-                q, k, v = (cupy.random.standard_normal((b, h, seq, d), dtype=np.float32)
-                           .astype(cupy.dtype("bfloat16")) for _ in range(3))
-                flops = 4 * b * h * seq * seq * d / (2 if causal else 1)
-                ms = do_bench(functools.partial(cunorm.attention, q, k, v, causal=causal),
-                              warmup=5, rep=30, return_mode="median")
-                tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv,
-                                                                           is_causal=causal)
-                    ms_fa = do_bench(functools.partial(
-                        torch.nn.functional.scaled_dot_product_attention, tq, tk, tv,
-                        is_causal=causal), warmup=5, rep=30, return_mode="median")
-                ours = torch.from_dlpack(cunorm.attention(q, k, v, causal=causal))
-                err = float((ours.float() - ref.float()).abs().max())
+                q, k, v, flops, ref, ms_fa = _fa2_case(d, seq, causal)
+                ms, err = _cunorm_case(q, k, v, causal, ref)
                 print(f"D={d} L={seq} causal={causal}: cunorm {flops / ms / 1e9:6.1f} TFLOP/s, "
                       f"FA2 {flops / ms_fa / 1e9:6.1f}, max|diff| {err:.2e}")
+
+
+def attention_groups(seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> None:
+    """TFLOP/s of the warpgroup kernel with one- and two-warpgroup blocks forced, against
+    FlashAttention-2, bf16, 16k tokens (_attn_dispatch.WG_CAUSAL_SHORT_KEYS)."""
+    from cunorm._attn_dispatch import force_warpgroups
+
+    for d in (64, 128):
+        for seq in seqs:
+            for causal in (False, True):
+                q, k, v, flops, ref, ms_fa = _fa2_case(d, seq, causal)
+                line = f"D={d} L={seq:5d} causal={int(causal)}:"
+                for groups in (1, 2):
+                    with force_warpgroups(groups):
+                        ms, err = _cunorm_case(q, k, v, causal, ref)
+                    line += (f" {groups} warpgroup(s) {flops / ms / 1e9:6.1f} TFLOP/s"
+                             f" ({ms_fa / ms:4.2f}x FA2, max|diff| {err:.1e}),")
+                print(f"{line} FA2 {flops / ms_fa / 1e9:6.1f}")
 
 
 def attention_overhead(n: int = 2000) -> None:
