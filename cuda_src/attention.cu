@@ -92,26 +92,32 @@ struct AttnTile {
   int kvh;
   i64 r0;     // first flattened row of the tile
   i64 rows;   // G * Lq
+  i64 g0;     // query head (within the group) of row r0
   i64 i_min;  // smallest / largest query position i among the tile's valid rows
   i64 i_max;
+  bool one_head;  // every valid row in query head g0 (then i_min = r0 % Lq)
 };
 
 __device__ __forceinline__ AttnTile attn_tile(int hkv, int group, i64 lq, i64 row_tiles, int bm) {
   AttnTile t;
-  const i64 bid = blockIdx.x;
+  // gridDim.x < 2^31 blocks: the block's coordinates in 32-bit division
+  const unsigned bid = blockIdx.x, tiles = static_cast<unsigned>(row_tiles);
+  const unsigned bh = bid / tiles;
   // Heaviest tiles first under a causal mask: the last row tile of a head sees most keys.
-  const i64 tile = row_tiles - 1 - bid % row_tiles;
-  const i64 bh = bid / row_tiles;
-  t.b = bh / hkv;
-  t.kvh = static_cast<int>(bh % hkv);
+  const i64 tile = static_cast<i64>(tiles - 1 - (bid - bh * tiles));
+  t.b = bh / static_cast<unsigned>(hkv);
+  t.kvh = static_cast<int>(bh - static_cast<unsigned>(t.b) * hkv);
   t.rows = static_cast<i64>(group) * lq;
   t.r0 = tile * bm;
   const i64 r_last = min(t.r0 + bm, t.rows) - 1;
-  const bool one_head = t.r0 / lq == r_last / lq;
-  t.i_min = one_head ? t.r0 % lq : 0;
-  t.i_max = one_head ? r_last % lq : lq - 1;
+  t.g0 = t.r0 / lq;
+  const i64 g_last = r_last / lq;
+  t.one_head = t.g0 == g_last;
+  t.i_min = t.one_head ? t.r0 - t.g0 * lq : 0;
+  t.i_max = t.one_head ? r_last - g_last * lq : lq - 1;
   return t;
 }
+
 
 // Key tiles [begin, end) of split blockIdx.z, out of the tiles the block's rows can see.
 __device__ __forceinline__ void attn_key_range(const AttnTile& t, i64 lq, i64 lk, int causal,
@@ -434,6 +440,27 @@ template <int ROWS, int DP, class LAYOUT, int THREADS, typename T> struct AttnTi
   }
 };
 
+// The block's Q tile (rows r0 .. r0 + nrows - 1 into tile, zero-filled past nrows): rows of one
+// query head sit at a fixed stride, so they take attn_load_rows' pointer walk; a tile that
+// spans heads (grouped queries, Lq below the tile) maps each row to its head and position.
+template <int BM, int DP, class LAYOUT, int THREADS, typename T>
+__device__ __forceinline__ void attn_load_q(T* tile, const T* q, const AttnTile& t, i64 lq,
+                                            int group, i64 q_sb, i64 q_sh, i64 q_sl, int nrows,
+                                            int ncols, bool vec) {
+  const i64 head0 = static_cast<i64>(t.kvh) * group;
+  if (t.one_head) {
+    attn_load_rows<BM, DP, LAYOUT, THREADS>(
+        tile, q + t.b * q_sb + (head0 + t.g0) * q_sh + t.i_min * q_sl, q_sl, nrows, ncols, vec);
+    return;
+  }
+  attn_load_tile<BM, DP, LAYOUT>(
+      tile, q, [&](int rr) {
+        const i64 r = t.r0 + rr;
+        return t.b * q_sb + (head0 + r / lq) * q_sh + (r % lq) * q_sl;
+      },
+      nrows, ncols, vec);
+}
+
 // MW m16 row tiles per warp (BM = 64 * MW rows per block): each K and V fragment read from
 // shared memory feeds MW mma instructions, so MW = 2 halves the shared-memory traffic per
 // FLOP where the registers allow it (head dims up to 128).
@@ -467,13 +494,8 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
   attn_key_range(t, lq, lk, causal, BN, tb, te);
   const T* const kb = k + t.b * k_sb + t.kvh * k_sh;
   const T* const vb = v + t.b * v_sb + t.kvh * v_sh;
-  const i64 q_head0 = static_cast<i64>(t.kvh) * group;
-  auto q_row = [&](int rr) {
-    const i64 r = t.r0 + rr;
-    return t.b * q_sb + (q_head0 + r / lq) * q_sh + (r % lq) * q_sl;
-  };
   const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
-  attn_load_tile<BM, DP, Swizzle<DP>>(qs, q, q_row, q_rows, d, vec != 0);
+  attn_load_q<BM, DP, Swizzle<DP>, 128>(qs, q, t, lq, group, q_sb, q_sh, q_sl, q_rows, d, vec != 0);
   const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T> k_loader(kb, k_sl, d, vec != 0);
   const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T> v_loader(vb, v_sl, dv, vec != 0);
   auto load_kv = [&](i64 tile, int stage) {
@@ -767,7 +789,7 @@ CUNORM_WGMMA(bf16_t, "bf16")
 // the tensor cores work, then issues O += P V; one barrier per key tile.
 // A block's loads of Q and of its first K / V tiles, its first softmax and its last P V and
 // output stores do not overlap its own MMAs: with one block per SM they cost about 5 us a
-// block (H200, D = 64, ncu), the whole gap to FlashAttention-2 on short rows. One-warpgroup
+// block (H200, D = 64, ncu), much of the gap to FlashAttention-2 on short rows. One-warpgroup
 // blocks, 2 per SM, hide them behind each other (each block loads K / V for 64 rows only).
 template <typename T, int DP, int BN, int WG>
 __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN_PARAMS) {
@@ -790,23 +812,17 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   attn_key_range(t, lq, lk, causal, BN, tb, te);
   const T* const kb = k + t.b * k_sb + t.kvh * k_sh;
   const T* const vb = v + t.b * v_sb + t.kvh * v_sh;
-  const i64 q_head0 = static_cast<i64>(t.kvh) * group;
   const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
-  attn_load_tile<BM, DP, Sw128<BM>>(
-      qs, q, [&](int rr) {
-        const i64 r = t.r0 + rr;
-        return t.b * q_sb + (q_head0 + r / lq) * q_sh + (r % lq) * q_sl;
-      },
-      q_rows, d, vec != 0);
+  attn_load_q<BM, DP, Sw128<BM>, THREADS>(qs, q, t, lq, group, q_sb, q_sh, q_sl, q_rows, d, vec != 0);
+  const AttnTileLoader<BN, DP, Sw128<BN>, THREADS, T> k_loader(kb, k_sl, d, vec != 0);
+  const AttnTileLoader<BN, DP, Sw128<BN>, THREADS, T> v_loader(vb, v_sl, dv, vec != 0);
   auto load_k = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
-    attn_load_rows<BN, DP, Sw128<BN>, THREADS>(ks + stage * BN * DP, kb + n0 * k_sl, k_sl,
-                                           static_cast<int>(min(static_cast<i64>(BN), lk - n0)), d, vec != 0);
+    k_loader.load(ks + stage * BN * DP, n0, static_cast<int>(min(static_cast<i64>(BN), lk - n0)));
   };
   auto load_v = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
-    attn_load_rows<BN, DP, Sw128<BN>, THREADS>(vs + stage * BN * DP, vb + n0 * v_sl, v_sl,
-                                           static_cast<int>(min(static_cast<i64>(BN), lk - n0)), dv, vec != 0);
+    v_loader.load(vs + stage * BN * DP, n0, static_cast<int>(min(static_cast<i64>(BN), lk - n0)));
   };
 
   const i64 r0 = t.r0 + warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8

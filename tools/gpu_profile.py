@@ -7,9 +7,9 @@ shape (GB/s, L2 flushed) and ``ncu ... python tools/gpu_profile.py norm-kernels`
 of the short-row norm and softmax kernels for comparison; ``python tools/gpu_profile.py attention``
 compares attention with torch's FlashAttention-2 backend (``attention-groups``: with one- and
 two-warpgroup blocks forced) and ``ncu ... python tools/gpu_profile.py attention-kernels`` runs
-one bf16 forward per head dim; ``decode-kernels`` one decoding call
-per KV length (for ncu), ``decode-stages`` decoding at each K/V pipeline depth of the
-key-split kernel; ``attention-overhead`` gives the host and GPU time of a decoding call
+one bf16 forward per head dim (``short-kernels``: forwards on short rows); ``decode-kernels``
+one decoding call per KV length (for ncu), ``decode-stages`` decoding at each K/V pipeline
+depth of the key-split kernel; ``attention-overhead`` gives the host and GPU time of a decoding call
 with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list;
 ``norm-variants`` times the norms' block kernels built with other resident-block counts;
 ``wide-blocks`` the 12288- and 16384-column rows on 768- and 1024-thread blocks,
@@ -51,7 +51,7 @@ COMMANDS = {
     "affine-kernels": norms.affine_kernels,
     "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
-    "attention-groups": attn.attention_groups,
+    "attention-groups": attn.attention_groups, "short-kernels": attn.short_kernels,
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,
     "decode-stages": attn.decode_stages,

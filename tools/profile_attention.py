@@ -158,6 +158,21 @@ def attention_kernels() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def short_kernels(seq: int = 512, d: int = 64) -> None:
+    """Forwards on short rows for ncu (bf16, 16k tokens, L = 512, D = 64): non-causal and
+    causal, on one- and two-warpgroup blocks, each launched twice (profile the second)."""
+    from cunorm._attn_dispatch import force_warpgroups
+
+    q, k, v = (cupy.random.standard_normal((16384 // seq, 2048 // d, seq, d), dtype=np.float32)
+               .astype(cupy.dtype("bfloat16")) for _ in range(3))
+    for causal in (False, True):
+        for groups in (1, 2):
+            with force_warpgroups(groups):
+                for _ in range(2):
+                    cunorm.attention(q, k, v, causal=causal)
+    cupy.cuda.Device().synchronize()
+
+
 def decode(lks=(4096, 16384, 65536, 131072), d: int = 128) -> None:
     """Decoding GB/s of K/V read (bf16, Lq = 1, 32 / 8 heads, D = 128; do_bench, L2 flushed)
     for cunorm and torch SDPA's default backend, and a device copy of the same bytes."""
