@@ -28,10 +28,11 @@ TC_DTYPES = ("float16", "bfloat16")
 SIMT_DTYPES = ("float32", "float64")
 MAX_HEAD_DIM = 256
 #: warpgroup path (wgmma): query rows and threads per warpgroup; keys per tile by (head dim
-#: padded to 64, warpgroups per block). ptxas (sm_90a), two warpgroups: 200 registers at D = 64
-#: / BN = 128, 236 at 128 / 128, 218 at 192 / 64, 250 at 256 / 64, no spills; 256 / 128
+#: padded to 64, warpgroups per block). ptxas (sm_90a, nvcc 13), two warpgroups: 204 registers
+#: at D = 64 / BN = 128, 236 at 128 / 128, 214 at 192 / 64, 252 at 256 / 64, no spills; 256 / 128
 #: spills. One-warpgroup blocks are compiled for 2 resident per SM (at most 255 registers, and
-#: at most half the shared memory: BN = 64 from D = 128 on, none past D = 128).
+#: at most half the shared memory: BN = 64 from D = 128 on, none past D = 128): 204 registers
+#: at 64 / 128, 186 at 128 / 64.
 WG_ROWS = 64
 WG_GROUP_THREADS = 128
 WG_TILES = {(64, 2): 128, (128, 2): 128, (192, 2): 64, (256, 2): 64, (64, 1): 128, (128, 1): 64}
@@ -46,7 +47,9 @@ WG_TILES = {(64, 2): 128, (128, 2): 128, (192, 2): 64, (256, 2): 64, (64, 1): 12
 #: with 128-key tiles compute more masked scores on the diagonal of short rows). D = 128 (one
 #: warpgroup: 64-key tiles): 243 / 251, 302 / 326, 334 / 380, 349 / 407, 350 / 425, 359 / 426;
 #: causal: 138 / 122, 215 / 203, 276 / 283, 314 / 346, 345 / 393, 354 / 424. So D = 64 takes
-#: one warpgroup and D = 128 two, each the other way for causal rows of at most this many keys.
+#: one warpgroup and D = 128 two, each the other way for causal rows of at most this many keys
+#: (the same choices after the tile loaders' change, which sped both up: profile file
+#: benchmarks/results/nvidia-h200-2026-11-22-attention-profile.txt).
 WG_CAUSAL_SHORT_KEYS = 1024
 #: head dims up to this stay on attn_tc (padding them to 64 would double the MMA work), as do
 #: launches with fewer than WG_MIN_ROWS query rows per KV head (decoding: 64-row tiles waste
