@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ._device import DeviceProps
-from ._dispatch import CTYPE, Occupancy, _cdiv
+from ._dispatch import CTYPE, Occupancy, _cdiv, context_value
 
 TC_DTYPES = ("float16", "bfloat16")
 SIMT_DTYPES = ("float32", "float64")
@@ -138,11 +138,8 @@ def force_split(splits: int | None) -> Iterator[None]:
     if splits is not None and (not isinstance(splits, int) or not 1 <= splits <= MAX_SPLITS):
         raise ValueError(f"force_split(): splits must be an int in [1, {MAX_SPLITS}] or None, "
                          f"got {splits!r}")
-    token = _FORCED_SPLIT.set(splits)
-    try:
+    with context_value(_FORCED_SPLIT, splits):
         yield
-    finally:
-        _FORCED_SPLIT.reset(token)
 
 
 def forced_split() -> int | None:
@@ -163,11 +160,8 @@ def force_warpgroups(groups: int | None) -> Iterator[None]:
     """
     if groups not in (None, 1, 2):
         raise ValueError(f"force_warpgroups(): groups must be 1, 2 or None, got {groups!r}")
-    token = _FORCED_GROUPS.set(groups)
-    try:
+    with context_value(_FORCED_GROUPS, groups):
         yield
-    finally:
-        _FORCED_GROUPS.reset(token)
 
 
 def forced_warpgroups() -> int | None:

@@ -205,6 +205,17 @@ _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("cunorm_for
 
 
 @contextlib.contextmanager
+def context_value(var: contextvars.ContextVar, value: object) -> Iterator[None]:
+    """Set ``var`` to ``value`` inside the block and restore it on the way out (the forcing
+    context managers of both planners)."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+@contextlib.contextmanager
 def force_path(path: str | None) -> Iterator[None]:
     """Force every plan made inside the block onto ``path`` (``None`` = normal dispatch).
 
@@ -218,11 +229,8 @@ def force_path(path: str | None) -> Iterator[None]:
     if path is not None and path not in ROW_PATHS + STRIDED_PATHS:
         raise ValueError(f"force_path(): unknown path {path!r}; expected one of "
                          f"{ROW_PATHS + STRIDED_PATHS}")
-    token = _FORCED.set(path)
-    try:
+    with context_value(_FORCED, path):
         yield
-    finally:
-        _FORCED.reset(token)
 
 
 @contextlib.contextmanager
