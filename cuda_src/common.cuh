@@ -503,7 +503,7 @@ __device__ __forceinline__ C block_all_reduce(C v, C* scratch) {
 // Online statistics: states that fold a row in one pass and merge, for the paths that stream
 // a row instead of holding it. Each state type S offers init(), add<N>(values, nvalid),
 // S::combine(a, b) and shfl_xor(mask, width) (the state of another lane); they share the
-// all-reduces below and ClusterMail (MaxSum also reads a peer block's state: the strided path).
+// all-reduces below and the cluster mail.
 //
 // Online softmax: running max m and sum s of exp(x - m), with the exponential of policy E.
 // Merging two partial states rescales the sum of the smaller max. Special values follow NumPy:
@@ -541,12 +541,6 @@ template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
     MaxSum o;
     o.m = cunorm::shfl_xor(m, mask, width);
     o.s = cunorm::shfl_xor(s, mask, width);
-    return o;
-  }
-  template <class CL> static __device__ __forceinline__ MaxSum read_peer(const MaxSum* local, unsigned peer) {
-    MaxSum o;
-    o.m = CL::read_peer(&local->m, peer);
-    o.s = CL::read_peer(&local->s, peer);
     return o;
   }
 };
@@ -672,7 +666,7 @@ template <int CLUSTER> struct Cluster {
     __syncthreads();
   }
   // The same barrier in two halves, for work between them: arrive orders nothing by itself
-  // (an mbarrier init is published by its own fence, ClusterMail::open); wait acquires.
+  // (an mbarrier init is published by its own fence, mail_init); wait acquires.
   static __device__ __forceinline__ void arrive_relaxed() {
 #if __CUDA_ARCH__ >= 900
     if (CLUSTER > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -683,7 +677,7 @@ template <int CLUSTER> struct Cluster {
     if (CLUSTER > 1) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
   }
-  // Read a float or a double at the same shared-memory offset in block `peer` of the cluster.
+  // The shared::cluster address of `local`'s counterpart in block `peer` of the cluster.
   static __device__ __forceinline__ unsigned remote_addr(const void* local, unsigned peer) {
     unsigned remote = static_cast<unsigned>(__cvta_generic_to_shared(local));
 #if __CUDA_ARCH__ >= 900
@@ -691,27 +685,52 @@ template <int CLUSTER> struct Cluster {
 #endif
     return remote;
   }
-  static __device__ __forceinline__ float read_peer(const float* local, unsigned peer) {
-#if __CUDA_ARCH__ >= 900
-    if (CLUSTER > 1) {
-      float v;
-      asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote_addr(local, peer)) : "memory");
-      return v;
-    }
-#endif
-    return *local;
-  }
-  static __device__ __forceinline__ double read_peer(const double* local, unsigned peer) {
-#if __CUDA_ARCH__ >= 900
-    if (CLUSTER > 1) {
-      double v;
-      asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote_addr(local, peer)) : "memory");
-      return v;
-    }
-#endif
-    return *local;
-  }
 };
+
+// Mail primitives (sm_90), shared by ClusterMail and the strided softmax's row exchange. A
+// block's mbarrier (initialized with one arrival) completes a phase once its one thread has
+// called mail_expect for the phase and the peers' st.async posts have brought that many bytes;
+// the posts may land before the expect.
+__device__ __forceinline__ void mail_init(unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;"
+               ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))) : "memory");
+#endif
+}
+__device__ __forceinline__ void mail_expect(unsigned long long* bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))), "r"(bytes) : "memory");
+#endif
+}
+// Writes v into block `peer`'s copy of *slot and counts its bytes on the peer's copy of *bar.
+template <int CLUSTER, typename V>
+__device__ __forceinline__ void mail_post(V* slot, unsigned peer, const V& v, unsigned long long* bar) {
+  static_assert(sizeof(V) % 4 == 0, "posted as 32-bit words");
+#if __CUDA_ARCH__ >= 900
+  const unsigned dst = Cluster<CLUSTER>::remote_addr(slot, peer);
+  const unsigned peer_bar = Cluster<CLUSTER>::remote_addr(bar, peer);
+  const unsigned* const words = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+  for (int w = 0; w < static_cast<int>(sizeof(V) / 4); ++w) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];"
+                 ::"r"(dst + 4 * w), "r"(words[w]), "r"(peer_bar) : "memory");
+  }
+#endif
+}
+// Every thread that reads the mail: wait for phase `parity` (the k-th exchange: k & 1).
+__device__ __forceinline__ void mail_wait(unsigned long long* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+  const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  unsigned done = 0;
+  do {
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(done) : "r"(bar_addr), "r"(parity) : "memory");
+  } while (!done);
+#endif
+}
 
 // Cluster all-reduce by message (sm_90). Each block posts its block-reduced value to every
 // block of the cluster (itself included) with st.async, which counts the bytes on the
@@ -729,48 +748,18 @@ template <int CLUSTER> struct Cluster {
 template <typename V, int CLUSTER> struct ClusterMail {
   V slot[CLUSTER];
   unsigned long long bar;
-  static_assert(sizeof(V) % 4 == 0, "posted as 32-bit words");
-  __device__ __forceinline__ void open() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;"
-                 ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(&bar))) : "memory");
-#endif
-  }
+  __device__ __forceinline__ void open() { mail_init(&bar); }
   // All threads: post v (threads 0 .. CLUSTER - 1, one peer each), then the fold of the
   // CLUSTER slots under R once they have all arrived.
   template <class R> __device__ __forceinline__ V exchange(const V& v, unsigned k) {
-#if __CUDA_ARCH__ >= 900
     const unsigned rank = Cluster<CLUSTER>::rank();
-    const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
-    if (threadIdx.x == 0) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                   ::"r"(bar_addr), "n"(CLUSTER * static_cast<int>(sizeof(V))) : "memory");
-    }
-    if (threadIdx.x < CLUSTER) {
-      const unsigned peer = threadIdx.x;
-      const unsigned dst = Cluster<CLUSTER>::remote_addr(&slot[rank], peer);
-      const unsigned peer_bar = Cluster<CLUSTER>::remote_addr(&bar, peer);
-      const unsigned* const words = reinterpret_cast<const unsigned*>(&v);
-#pragma unroll
-      for (int w = 0; w < static_cast<int>(sizeof(V) / 4); ++w) {
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];"
-                     ::"r"(dst + 4 * w), "r"(words[w]), "r"(peer_bar) : "memory");
-      }
-    }
-    unsigned done = 0;
-    do {
-      asm volatile("{\n\t.reg .pred p;\n\t"
-                   "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-                   "selp.u32 %0, 1, 0, p;\n\t}"
-                   : "=r"(done) : "r"(bar_addr), "r"(k & 1u) : "memory");
-    } while (!done);
+    if (threadIdx.x == 0) mail_expect(&bar, CLUSTER * static_cast<unsigned>(sizeof(V)));
+    if (threadIdx.x < CLUSTER) mail_post<CLUSTER>(&slot[rank], threadIdx.x, v, &bar);
+    mail_wait(&bar, k & 1u);
     V r = slot[0];
 #pragma unroll
     for (int p = 1; p < CLUSTER; ++p) r = R::apply(r, slot[p]);
     return r;
-#else
-    return v;
-#endif
   }
 };
 // The mail of a one-block "cluster": nothing to exchange.

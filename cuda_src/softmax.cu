@@ -67,31 +67,44 @@ template <typename C_, typename OUT, bool LOG> struct SoftmaxOp {
 // (ld_outer, ld_dim, 1). A tile is TX * PACK consecutive inner positions of one outer index
 // over the whole of dim; a block of TX * TY threads (a cluster of CLUSTER blocks on sm_90,
 // each owning a slice of dim) reduces it: thread (tx, ty) walks dim indices ty, ty + TY, ...
-// for its pack, the TY partial states meet in shared memory, a cluster's blocks exchange theirs
-// through distributed shared memory. CACHE keeps the block's (dim slice, TX * PACK) slab in
-// dynamic shared memory (x read once); otherwise x is read twice.
-// Dynamic shared memory: (TY + 1) * TX * PACK * sizeof(MaxSum) [+ ceil(dim / CLUSTER) * TX *
-// PACK * sizeof(SRC)].
+// for its pack, the TY partial states meet in shared memory, and a cluster's blocks mail each
+// other their tile rows of states (st.async into every peer's slots, counted by its
+// mbarrier). CACHE keeps the block's (dim slice, TX * PACK) slab in dynamic shared memory (x
+// read once); otherwise x is read twice.
+// Dynamic shared memory, in MaxSum states of width = TX * PACK: W rows of partials, W =
+// blockDim.x / max(TX, 32) (one per warp's worth of TY), the final row, and on a cluster the
+// CLUSTER mail rows; then, cached, ceil(dim / CLUSTER) * width values of SRC.
 template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE, int CLUSTER>
 __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 outer, i64 dim,
                                                      i64 inner, i64 ldx_outer, i64 ldx_dim,
                                                      i64 ldy_outer, i64 ldy_dim, int tx_count) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ unsigned long long mail_bar;  // cluster: counts the bytes of the peers' rows
   const int ty_count = blockDim.x / tx_count;
   const int tx = threadIdx.x % tx_count;
   const int ty = threadIdx.x / tx_count;
   const int width = tx_count * PACK;
+  const int ty_per_warp = tx_count < 32 ? 32 / tx_count : 1;  // TY rows one warp holds
+  const int nparts = ty_count / ty_per_warp;
   typedef MaxSum<C, ExpFor<C, DST>> MS;
-  MS* part = reinterpret_cast<MS*>(smem_raw);  // [TY][width], then the final row [width]
-  MS* final_row = part + static_cast<i64>(ty_count) * width;
-  SRC* cache = reinterpret_cast<SRC*>(final_row + width);
+  MS* part = reinterpret_cast<MS*>(smem_raw);  // [nparts][width]
+  MS* final_row = part + static_cast<i64>(nparts) * width;
+  MS* mail_rows = final_row + width;  // [CLUSTER][width] on a cluster: row r from block r
+  SRC* cache = reinterpret_cast<SRC*>(mail_rows + (CLUSTER > 1 ? CLUSTER * width : 0));
+  const unsigned rank = Cluster<CLUSTER>::rank();
   const i64 dim_per_block = (dim + CLUSTER - 1) / CLUSTER;
-  const i64 d_begin = Cluster<CLUSTER>::rank() * dim_per_block;
+  const i64 d_begin = rank * dim_per_block;
   const i64 d_end = min(dim, d_begin + dim_per_block);
   const i64 tiles_per_outer = (inner + width - 1) >> (__ffs(width) - 1);  // width: a power of 2
   const i64 ntiles = outer * tiles_per_outer;
   const double inv_tiles = rcp_f64(static_cast<double>(tiles_per_outer));
-  for (i64 tile = blockIdx.x / CLUSTER; tile < ntiles; tile += gridDim.x / CLUSTER) {
+  if (CLUSTER > 1) {  // open the mail (its lifetime: ClusterMail)
+    if (threadIdx.x == 0) mail_init(&mail_bar);
+    Cluster<CLUSTER>::arrive_relaxed();
+  }
+  unsigned k = 0;  // tiles so far (mail phase)
+  const i64 tile_step = gridDim.x / CLUSTER;
+  for (i64 tile = blockIdx.x / CLUSTER; tile < ntiles; tile += tile_step, ++k) {
     i64 o, t;
     divmod_i64(tile, tiles_per_outer, inv_tiles, &o, &t);
     const i64 i0 = t * width + static_cast<i64>(tx) * PACK;
@@ -104,18 +117,21 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     if (active && CACHE) {
       // Cached: the slice streams into shared memory by cp.async (every pack in flight at
       // once), then the max and the sum come from shared memory. Each thread reads back only
-      // what it copied: its own wait suffices, no barrier.
+      // what it copied: its own wait suffices, no barrier. (An online pass, folding each
+      // chunk of rows as its copy landed, measured 10-20% slower than the two passes. The
+      // passes unroll by 2: by 4, bfloat16 cluster kernels spilled under their 80 registers,
+      // at the same speed otherwise.)
       for (i64 d = d_begin + ty; d < d_end; d += ty_count)
         copy_async<sizeof(Pack<SRC, PACK>)>(slab + d * width, xo + d * ldx_dim);
       copy_async_commit();
       copy_async_wait<0>();
-#pragma unroll 4
+#pragma unroll 2
       for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
         const Pack<SRC, PACK> p = load_pack<SRC, PACK>(slab + d * width);
 #pragma unroll
         for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, to_compute<C>(p.v[j]));
       }
-#pragma unroll 4
+#pragma unroll 2
       for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
         const Pack<SRC, PACK> p = load_pack<SRC, PACK>(slab + d * width);
 #pragma unroll
@@ -147,11 +163,10 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     }
     // Combine the TY partial states of each inner position: first inside each warp (lanes
     // TX apart hold the same columns), by shuffles; then the warps' results, one column per
-    // thread from shared memory; then, on a cluster, the blocks' results, one column per
-    // thread from distributed shared memory (all CLUSTER remote loads of a column in flight
-    // at once). A tree over TY rows of `part` with each thread walking its PACK columns
-    // serialized on bank conflicts and remote-load latency instead.
-    const int ty_per_warp = tx_count < 32 ? 32 / tx_count : 1;
+    // thread from shared memory; then, on a cluster, the blocks' rows, which each block mails
+    // to every peer (a cluster barrier with peer loads instead cost a GPU-scope fence that
+    // waited for the block's stores). A tree over TY rows of `part` with each thread walking
+    // its PACK columns serialized on bank conflicts and remote-load latency.
     for (int lanes = tx_count; lanes < 32; lanes *= 2) {
 #pragma unroll
       for (int j = 0; j < PACK; ++j) st[j] = MS::combine(st[j], st[j].shfl_xor(lanes, 32));
@@ -161,45 +176,51 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       for (int j = 0; j < PACK; ++j) part[ty / ty_per_warp * width + tx * PACK + j] = st[j];
     }
     __syncthreads();
-    const int nparts = ty_count / ty_per_warp;
+    if (CLUSTER > 1) {
+      if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open
+      if (threadIdx.x == 0) mail_expect(&mail_bar, CLUSTER * width * static_cast<unsigned>(sizeof(MS)));
+    }
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
       MS all = part[c];
       for (int r = 1; r < nparts; ++r) all = MS::combine(all, part[r * width + c]);
-      final_row[c] = all;
+      if (CLUSTER == 1) final_row[c] = all;
+#pragma unroll
+      for (unsigned peer = 0; peer < (CLUSTER > 1 ? CLUSTER : 0); ++peer)
+        mail_post<CLUSTER>(&mail_rows[rank * width + c], peer, all, &mail_bar);
     }
     if (CLUSTER > 1) {
-      // Every block's final_row is complete after the cluster barrier; `part` is free again
-      // (its last local reads came before the barrier) and takes the cluster's result.
-      Cluster<CLUSTER>::sync();
+      mail_wait(&mail_bar, k & 1u);
       for (int c = threadIdx.x; c < width; c += blockDim.x) {
-        MS all;
-        all.init();
+        MS all = mail_rows[c];  // in rank order: the same bits in every block
 #pragma unroll
-        for (unsigned peer = 0; peer < CLUSTER; ++peer)
-          all = MS::combine(all, MS::template read_peer<Cluster<CLUSTER>>(&final_row[c], peer));
-        part[c] = all;
+        for (int r = 1; r < CLUSTER; ++r) all = MS::combine(all, mail_rows[r * width + c]);
+        final_row[c] = all;
       }
     }
     __syncthreads();
-    const MS* fin_states = CLUSTER > 1 ? part : final_row;
     SoftmaxOut<C, DST, LOG> fin[PACK] = {};
 #pragma unroll
-    for (int j = 0; j < PACK; ++j) fin[j] = SoftmaxOut<C, DST, LOG>::from(fin_states[tx * PACK + j]);
+    for (int j = 0; j < PACK; ++j) fin[j] = SoftmaxOut<C, DST, LOG>::from(final_row[tx * PACK + j]);
     if (active) {
-      DST* yo = y + o * ldy_outer + i0;
+      // Row d of the tile. The pointer is built term by term: from `y + i0` (one 64-bit sum)
+      // NVVM could not tell the pack's 4-byte pieces were contiguous and stored each alone
+      // (four 32-bit stores a 16-byte pack).
+      const DirectStore<C, DST> out(y + o * ldy_outer + t * width + tx * PACK, ldy_dim);
 #pragma unroll 4
       for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
         const Pack<SRC, PACK> p = CACHE ? load_pack<SRC, PACK>(slab + d * width)
                                         : load_pack<SRC, PACK>(xo + d * ldx_dim);
-        Pack<DST, PACK> q;
+        C v[PACK];
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) q.v[j] = from_compute<DST>(fin[j](to_compute<C>(p.v[j])));
-        store_pack<DST, PACK>(yo + d * ldy_dim, q);
+        for (int j = 0; j < PACK; ++j) v[j] = fin[j](to_compute<C>(p.v[j]));
+        out.template store<PACK>(v, d, 0);
       }
     }
-    // `part` and the slab are reused by the next tile; a cluster's peers may still be reading
-    // this block's `part`.
-    Cluster<CLUSTER>::sync();
+    // A next tile rewrites `part`, the final row, the slab and the mail rows: every thread of
+    // the block (and on a cluster every peer, whose next post lands in this block's mail
+    // rows) must be done reading them. Without a next tile no barrier is needed: every post
+    // to this block arrived before its mail wait ended.
+    if (tile + tile_step < ntiles) Cluster<CLUSTER>::sync();
   }
 }
 
@@ -264,7 +285,7 @@ __global__ void __launch_bounds__(256, 4) softmax_strided(const SRC* x, DST* y, 
 
 #ifdef CUNORM_SM90
 template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
-__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, 2)
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, 3)
     softmax_strided_cluster(const SRC* x, DST* y, i64 outer, i64 dim, i64 inner, i64 ldx_outer,
                             i64 ldx_dim, i64 ldy_outer, i64 ldy_dim, int tx_count) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;

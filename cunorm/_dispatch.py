@@ -673,15 +673,20 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     tx_want = STRIDED_BLOCK // min(STRIDED_BLOCK, _next_pow2(_cdiv(dim, STRIDED_ROWS_PER_THREAD)))
     tx = min(max_tx, max(tx_min, tx_want))
     width = tx * pack
-    part_bytes = (STRIDED_BLOCK // tx + 1) * width * 2 * cbytes  # MaxSum per (ty, column) + final
+    state_row = width * 2 * cbytes  # one MaxSum per column
+    part_bytes = (STRIDED_BLOCK // max(tx, 32) + 1) * state_row  # a row per warp, the final row
+
+    def states_bytes(c: int) -> int:  # + the mail rows on a cluster
+        return part_bytes + (c * state_row if c > 1 else 0)
+
     clusters = (1, *CLUSTER_SIZES) if props.has_clusters else (1,)
-    slice_max = min(STRIDED_SLICE_MAX_BYTES, _smem_capacity(props) - part_bytes)
-    cluster = next((c for c in clusters if _cdiv(dim, c) * width * isz <= slice_max), None)
+    cluster = next((c for c in clusters if _cdiv(dim, c) * width * isz <= min(
+        STRIDED_SLICE_MAX_BYTES, _smem_capacity(props) - states_bytes(c))), None)
     path = force or ("strided-cached" if cluster is not None else "strided")
     if path == "strided-cached":
         if cluster is None:
             raise ValueError(f"path 'strided-cached' cannot cache dim={dim} in shared memory")
-        smem = part_bytes + _cdiv(dim, cluster) * width * isz
+        smem = states_bytes(cluster) + _cdiv(dim, cluster) * width * isz
         name = (f"cunorm::softmax_strided<{head}, {pack}, true>" if cluster == 1 else
                 f"cunorm::softmax_strided_cluster<{head}, {pack}, {cluster}>")
     elif path == "strided":

@@ -845,6 +845,10 @@ def _check_strided(plan: d.LaunchPlan, outer: int, dim: int, inner: int, src: st
     slab = -(-dim // cluster) * width * isz if cached else 0
     assert slab <= d.STRIDED_SLICE_MAX_BYTES
     assert plan.smem > slab and plan.smem <= props.smem_per_block_optin
+    # softmax_strided_impl's layout: a state row per warp, the final row, the mail rows
+    state_row = width * 2 * d.compute_bytes(src, dst)
+    rows = d.STRIDED_BLOCK // max(tx, 32) + 1 + (cluster if cluster > 1 else 0)
+    assert plan.smem == rows * state_row + slab, plan
     if cached and cluster > 1:  # the smallest cluster whose slice fits beside the partials
         bound = min(d.STRIDED_SLICE_MAX_BYTES,
                     props.smem_per_block_optin - d.STATIC_SMEM_RESERVE - (plan.smem - slab))

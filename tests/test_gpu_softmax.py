@@ -238,12 +238,16 @@ def test_axes(op, dtype, shape, axis):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("shape", [(3, 17, 33), (2, 64, 256), (5, 1000, 8), (1, 3, 4096),
                                    (2, 4096, 256), (2, 20000, 64)])
-def test_strided_paths(path, dtype, shape):
+@pytest.mark.parametrize("grid", ["one-tile", "few-blocks"])
+def test_strided_paths(path, dtype, shape, grid):
+    """Every strided kernel on the same inputs; "few-blocks" caps the grid at 8 blocks so
+    each block (or cluster) loops over many tiles, reusing its shared memory and mail."""
     x, xh = random_input(shape, dtype, seed=11)
     ref = reference(xh, 1, False)
     out = cupy.full(shape, np.nan, dtype=dtype)
+    consts = {"MAX_GRID": 8} if grid == "few-blocks" else {}
     try:
-        with _dispatch.force_path(path):
+        with _dispatch.force_path(path), _dispatch.override_constants(consts):
             cunorm.softmax(x, axis=1, out=out)
     except ValueError as err:  # the cached path cannot hold every dim
         assert path == "strided-cached" and "cache" in str(err)
