@@ -118,7 +118,6 @@ __device__ __forceinline__ AttnTile attn_tile(int hkv, int group, i64 lq, i64 ro
   return t;
 }
 
-
 // Key tiles [begin, end) of split blockIdx.z, out of the tiles the block's rows can see.
 __device__ __forceinline__ void attn_key_range(const AttnTile& t, i64 lq, i64 lk, int causal,
                                                int bn, i64& begin, i64& end) {

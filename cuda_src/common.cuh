@@ -745,10 +745,15 @@ __device__ __forceinline__ void mail_wait(unsigned long long* bar, unsigned pari
 // k & 1. Slots are rewritten by the next exchange: a caller that exchanges again through the
 // same mail (another row) must first pass a Cluster::sync(), so no block still reads them.
 // A block needs no barrier before exit: every post to it completes before its own wait ends.
-template <typename V, int CLUSTER> struct ClusterMail {
-  V slot[CLUSTER];
+// A block's mail counter: all of ClusterMail's state but its slots, for a caller that keeps
+// them elsewhere (the strided softmax's state rows, in dynamic shared memory).
+struct MailBar {
   unsigned long long bar;
   __device__ __forceinline__ void open() { mail_init(&bar); }
+};
+
+template <typename V, int CLUSTER> struct ClusterMail : MailBar {
+  V slot[CLUSTER];
   // All threads: post v (threads 0 .. CLUSTER - 1, one peer each), then the fold of the
   // CLUSTER slots under R once they have all arrived.
   template <class R> __device__ __forceinline__ V exchange(const V& v, unsigned k) {

@@ -79,7 +79,7 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
                                                      i64 inner, i64 ldx_outer, i64 ldx_dim,
                                                      i64 ldy_outer, i64 ldy_dim, int tx_count) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ unsigned long long mail_bar;  // cluster: counts the bytes of the peers' rows
+  __shared__ MailBar mail;  // cluster: counts the bytes of the peers' rows
   const int ty_count = blockDim.x / tx_count;
   const int tx = threadIdx.x % tx_count;
   const int ty = threadIdx.x / tx_count;
@@ -98,10 +98,7 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
   const i64 tiles_per_outer = (inner + width - 1) >> (__ffs(width) - 1);  // width: a power of 2
   const i64 ntiles = outer * tiles_per_outer;
   const double inv_tiles = rcp_f64(static_cast<double>(tiles_per_outer));
-  if (CLUSTER > 1) {  // open the mail (its lifetime: ClusterMail)
-    if (threadIdx.x == 0) mail_init(&mail_bar);
-    Cluster<CLUSTER>::arrive_relaxed();
-  }
+  if (CLUSTER > 1) open_mail<CLUSTER>(mail);  // its lifetime: ClusterMail
   unsigned k = 0;  // tiles so far (mail phase)
   const i64 tile_step = gridDim.x / CLUSTER;
   for (i64 tile = blockIdx.x / CLUSTER; tile < ntiles; tile += tile_step, ++k) {
@@ -178,18 +175,21 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     __syncthreads();
     if (CLUSTER > 1) {
       if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open
-      if (threadIdx.x == 0) mail_expect(&mail_bar, CLUSTER * width * static_cast<unsigned>(sizeof(MS)));
+      if (threadIdx.x == 0) mail_expect(&mail.bar, CLUSTER * width * static_cast<unsigned>(sizeof(MS)));
     }
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
       MS all = part[c];
       for (int r = 1; r < nparts; ++r) all = MS::combine(all, part[r * width + c]);
-      if (CLUSTER == 1) final_row[c] = all;
+      if constexpr (CLUSTER == 1) {
+        final_row[c] = all;
+      } else {
 #pragma unroll
-      for (unsigned peer = 0; peer < (CLUSTER > 1 ? CLUSTER : 0); ++peer)
-        mail_post<CLUSTER>(&mail_rows[rank * width + c], peer, all, &mail_bar);
+        for (unsigned peer = 0; peer < CLUSTER; ++peer)
+          mail_post<CLUSTER>(&mail_rows[rank * width + c], peer, all, &mail.bar);
+      }
     }
     if (CLUSTER > 1) {
-      mail_wait(&mail_bar, k & 1u);
+      mail_wait(&mail.bar, k & 1u);
       for (int c = threadIdx.x; c < width; c += blockDim.x) {
         MS all = mail_rows[c];  // in rank order: the same bits in every block
 #pragma unroll
