@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
   constexpr int NB = WN / 8;        // n8 blocks of scores
   constexpr int ND = DP / 8;        // n8 blocks of output
   static_assert(WN % 16 == 0, "a warp's keys are whole k16 steps of P V");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CUNORM_DYNAMIC_SMEM(smem_raw);
   T* const qs = reinterpret_cast<T*>(smem_raw);
   T* const ks = qs + BM * DP;       // ST stages
   T* const vs = ks + ST * BN * DP;  // ST stages
@@ -798,7 +798,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   constexpr int NB = BN / 8;  // n8 blocks of scores
   constexpr int ND = DP / 8;  // n8 blocks of output
   constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CUNORM_DYNAMIC_SMEM(smem_raw);
   const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
   T* const qs = reinterpret_cast<T*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
   T* const ks = qs + BM * DP;      // 2 stages of BN x DP
@@ -968,7 +968,7 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
   typedef typename AttnWork<T>::type C;  // double
   constexpr int ROWS = 8;
   constexpr int BN = 32;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CUNORM_DYNAMIC_SMEM(smem_raw);
   const int ksd = (d % 2 == 0) ? d + 1 : d;  // odd row stride: lanes read distinct banks
   C* const ks = reinterpret_cast<C*>(smem_raw);
   C* const vs = ks + BN * ksd;

@@ -293,7 +293,7 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   typedef typename LOAD::raw_t R;
   typedef Pack<R, PACK> RawPack;
   constexpr bool KEEP = OP::template Keeps<R>::value;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CUNORM_DYNAMIC_SMEM(smem_raw);
   __shared__ S1 scratch1[33];
   __shared__ A scratch2[33];
   __shared__ ClusterMail<S1, CLUSTER> mail1;  // the blocks' partial statistics

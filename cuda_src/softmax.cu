@@ -78,7 +78,7 @@ template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE
 __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 outer, i64 dim,
                                                      i64 inner, i64 ldx_outer, i64 ldx_dim,
                                                      i64 ldy_outer, i64 ldy_dim, int tx_count) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  CUNORM_DYNAMIC_SMEM(smem_raw);
   __shared__ MailBar mail;  // cluster: counts the bytes of the peers' rows
   const int ty_count = blockDim.x / tx_count;
   const int tx = threadIdx.x % tx_count;

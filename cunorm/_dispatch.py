@@ -351,8 +351,12 @@ def pick_block_threads(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int
     bias (tools/gpu_profile.py smem-blocks), against :func:`pick_block`'s choice: layer_norm
     float16 12288 cols 256 x 6 blocks 3582 GB/s against 128 x 8 3284, bfloat16 3482 / 3187,
     rms_norm bfloat16 32768 cols 512 x 2 3914 against 256 x 3 3405; the other norm cells
-    within 2% of the best fixed size. Returns (block, blocks per SM); blocks per SM is 0 if no
-    block size fits."""
+    within 2% of the best fixed size. The same holds on clusters, where the 48-register
+    bfloat16 kernels had kept 128-thread blocks (H200, one run each, weight and bias):
+    rms_norm bfloat16 (3072, 65536) 2830 -> 3720 GB/s, (1536, 131072) 3052 -> 3674, float32
+    (1536, 131072) 3215 -> 3685, layer_norm bfloat16 (3072, 65536) 3077 -> 3223 and with the
+    residual 2859 -> 3666; layer_norm without parameters lost up to 3% (bfloat16 (3072, 65536)
+    3788 -> 3679). Returns (block, blocks per SM); blocks per SM is 0 if no block size fits."""
     best = (BLOCK_SIZES[0], 0)
     for block in BLOCK_SIZES:
         per_sm = occ(kernel, block, smem)
@@ -631,7 +635,7 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
     # the cluster-free one (nvcc 13, sm_90: bfloat16 softmax with 8-element packs, 40 alone and
     # 54 in a cluster of 8), and a block size sized for the smaller count left 64 KB slices
     # at 2 resident blocks per SM instead of 3.
-    picker = pick_block_threads if family == "norm" and cluster == 1 else pick_block
+    picker = pick_block_threads if family == "norm" else pick_block
     block, per_sm = picker(name, smem, occ)
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")

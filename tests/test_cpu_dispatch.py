@@ -107,8 +107,8 @@ def test_max_pack_properties(itemsize: int, align: int) -> None:
 
 
 def test_pick_block_threads_most_resident_threads() -> None:
-    """The norms' single-block smem plans: most resident threads, the smaller block on a tie,
-    (block, 0) when nothing fits; clusters and softmax keep pick_block."""
+    """The norms' shared-memory plans, one block or a cluster: most resident threads, the
+    smaller block on a tie, (block, 0) when nothing fits; softmax keeps pick_block."""
     assert d.pick_block_threads("k", 0, lambda k, b, s: {128: 8, 256: 6, 512: 3}[b]) == (256, 6)
     assert d.pick_block_threads("k", 0, lambda k, b, s: {128: 3, 256: 3, 512: 3}[b]) == (512, 3)
     assert d.pick_block_threads("k", 0, lambda k, b, s: 16 * 128 // b) == (128, 16)
@@ -116,7 +116,8 @@ def test_pick_block_threads_most_resident_threads() -> None:
     occ = lambda k, b, s: {128: 8, 256: 6, 512: 3}[b]  # noqa: E731
     assert rows_plan(12288, "float16", op="layer_norm", occ=occ).block == 256
     assert rows_plan(20480, "float16", op="softmax", occ=occ).block == 128
-    assert rows_plan(12288, "float16", op="layer_norm", occ=occ, force="cluster").block == 128
+    assert rows_plan(12288, "float16", op="layer_norm", occ=occ, force="cluster").block == 256
+    assert rows_plan(20480, "float16", op="softmax", occ=occ, force="cluster").block == 128
 
 
 def test_pick_block_keeps_occupancy_of_smallest_block() -> None:
