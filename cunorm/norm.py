@@ -263,7 +263,8 @@ def _norm_cupy(call: _Call, x, weight, bias, out, residual, memo_key=None):
     xs, ldx = _rows_view(xs, k)
     rs, ldr = (None, 0) if rs is None else _rows_view(rs, k)
 
-    y = _direct_out(out, k, xs, ldx, rs) if out is not None and trailing else None
+    y = (_direct_out(out, k, xs, ldx, rs, (weight, bias)) if out is not None and trailing
+         else None)
     ldy = None if y is None else _row_stride(y, k)
     if y is None:
         y = cupy.empty(xs.shape, x.dtype)
@@ -315,16 +316,16 @@ def _rows_view(a, k: int):
     return a, ld
 
 
-def _direct_out(out, k: int, x, ldx: int, residual):
+def _direct_out(out, k: int, x, ldx: int, residual, params=()):
     """``out`` itself if the kernel can write it directly: it has a (rows, cols) view and is
     either x exactly (same memory and layout: each element is read before it is written, by
-    the thread that writes it) or overlaps neither x nor the residual. Otherwise None (the
-    result goes through a temporary)."""
+    the thread that writes it) or overlaps neither x, the residual nor ``params`` (weight and
+    bias, read again for every row). Otherwise None (the result goes through a temporary)."""
     ld = _row_stride(out, k)
     if ld is None:
         return None
     lo, hi = _array.memory_span(out)
-    for src in (x, residual):
+    for src in (x, residual, *params):
         if src is None:
             continue
         if src is x and out.data.ptr == x.data.ptr and out.strides == x.strides and ld == ldx:

@@ -632,6 +632,18 @@ def test_out_overlapping(rng, op, path):
         y3, h3 = call(op, x3, w, b, out=x3, residual=x3)
     assert y3 is x3 and same_bits(cupy.asnumpy(h3), h3h)
     assert rel_err(cupy.asnumpy(x3), reference(op, h3h, -1, wh, bh)[0]) <= TOL["float32"]
+    # out overlapping the weight (and the bias): each row's store reads them, so a direct
+    # write of the first rows would change the parameters of the rows after them
+    wbuf = cupy.zeros(20 * cols, np.float32)
+    wbuf[:cols] = w
+    if b is not None:
+        wbuf[cols:2 * cols] = b
+    w2, b2 = wbuf[:cols], (None if b is None else wbuf[cols:2 * cols])
+    out3 = wbuf[cols // 2:cols // 2 + 16 * cols].reshape(16, cols)
+    x3, x3h = random_input(rng, (16, cols), np.float32)
+    with _dispatch.force_path(path):
+        assert call(op, x3, w2, b2, out=out3) is out3
+    assert rel_err(cupy.asnumpy(out3), reference(op, x3h, -1, wh, bh)[0]) <= TOL["float32"]
 
 
 def test_out_non_contiguous(rng):
