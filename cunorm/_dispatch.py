@@ -138,6 +138,12 @@ BLOCK_PACKS_PER_THREAD = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 # slices are read twice (uncached: on H200 a cluster of 8 with 128 KB slices ran fp32 262144
 # at 2350 GB/s, uncached at 2680).
 SMEM_MAX_COLS = {2: 49152, 4: 24576, 8: 12288}
+# layer_norm's 16-bit rows past the block path go to clusters sooner: its two passes over the
+# cached row (and the residual's h) run shorter on a cluster's smaller slices. H200, (12288,
+# 32768), weight and bias, one run, one block (64 KB) against a cluster of 2 x 32 KB: float16
+# 3554 -> 3631 GB/s, bfloat16 3354 -> 3438, with the residual 3755 -> 3934 and 3281 -> 3917;
+# rms_norm's single pass lost on the cluster (bfloat16 4071 -> 3864), so it keeps SMEM_MAX_COLS.
+LAYER_NORM_SMEM_MAX_COLS = {2: 16384, 4: 24576, 8: 12288}
 SMEM_SLICE_MAX_BYTES = 64 * 1024
 # Clusters prefer slices of at most this size when 8 blocks suffice: bf16 65536 cols ran at
 # 3310 GB/s in 4 x 32 KB against 2690 in 2 x 64 KB, fp16 131072 at 3255 vs 3101.
@@ -592,7 +598,8 @@ def _choose_row_path(op: str, family: str, src: str, dst: str, cols: int, pack: 
         return "warp"
     if auto_block_config(op, src, dst, cols, pack, props.arch, residual) is not None:
         return "block"
-    if (cols <= SMEM_MAX_COLS[isz] or not props.has_clusters) and smem_config(
+    smem_max = (LAYER_NORM_SMEM_MAX_COLS if op == "layer_norm" else SMEM_MAX_COLS)[isz]
+    if (cols <= smem_max or not props.has_clusters) and smem_config(
             cols, pack, isz, props, (1,)) is not None:
         return "smem"
     clusters = row_cluster_sizes(props)

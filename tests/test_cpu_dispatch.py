@@ -551,6 +551,16 @@ def test_cached_plans_follow_the_slice_rules(src: str, dst: str, props: DevicePr
                     cols, plan)
 
 
+def test_layer_norm_16bit_rows_past_registers_take_clusters() -> None:
+    """LAYER_NORM_SMEM_MAX_COLS: 16-bit layer_norm rows too long for the registers go to a
+    cluster on sm_90 where rms_norm keeps one block; without clusters both keep one block."""
+    for src in ("float16", "bfloat16"):
+        for cols in (d.LAYER_NORM_SMEM_MAX_COLS[2] + 8, 32768, d.SMEM_MAX_COLS[2]):
+            assert rows_plan(cols, src, op="layer_norm", props=H100).path == "cluster", cols
+            assert rows_plan(cols, src, op="rms_norm", props=H100).path == "smem", cols
+        assert rows_plan(32768, src, op="layer_norm", props=A100).path == "smem"
+
+
 def test_small_device_long_rows_uncached() -> None:
     for cols in (8193, 10**4, 10**5):
         assert rows_plan(cols, props=SMALL_80).path == "uncached"
