@@ -143,7 +143,7 @@ SMEM_MAX_COLS = {2: 49152, 4: 24576, 8: 12288}
 # 32768), weight and bias, one run, one block (64 KB) against a cluster of 2 x 32 KB: float16
 # 3554 -> 3631 GB/s, bfloat16 3354 -> 3438, with the residual 3755 -> 3934 and 3281 -> 3917;
 # rms_norm's single pass lost on the cluster (bfloat16 4071 -> 3864), so it keeps SMEM_MAX_COLS.
-LAYER_NORM_SMEM_MAX_COLS = {2: 16384, 4: 24576, 8: 12288}
+LAYER_NORM_SMEM_MAX_COLS = {**SMEM_MAX_COLS, 2: 16384}
 SMEM_SLICE_MAX_BYTES = 64 * 1024
 # Clusters prefer slices of at most this size when 8 blocks suffice: bf16 65536 cols ran at
 # 3310 GB/s in 4 x 32 KB against 2690 in 2 x 64 KB, fp16 131072 at 3255 vs 3101.
