@@ -9,7 +9,8 @@ compares attention with torch's FlashAttention-2 backend (``attention-groups``: 
 two-warpgroup blocks forced) and ``ncu ... python tools/gpu_profile.py attention-kernels`` runs
 one bf16 forward per head dim (``short-kernels``: forwards on short rows); ``decode-kernels``
 one decoding call per KV length (for ncu), ``decode-stages`` decoding at each K/V pipeline
-depth of the key-split kernel; ``attention-overhead`` gives the host and GPU time of a decoding call
+depth of the key-split kernel, ``decode-parts`` a decoding call against a read-only kernel over the
+same bytes; ``attention-overhead`` gives the host and GPU time of a decoding call
 with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list;
 ``norm-variants`` times the norms' block kernels built with other resident-block counts;
 ``wide-blocks`` the 12288- and 16384-column rows on 768- and 1024-thread blocks,
@@ -54,7 +55,7 @@ COMMANDS = {
     "attention-groups": attn.attention_groups, "short-kernels": attn.short_kernels,
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,
-    "decode-stages": attn.decode_stages,
+    "decode-stages": attn.decode_stages, "decode-parts": attn.decode_parts,
     "mid-blocks": lambda: block_variants(norms.MID_BLOCK_CASES, norms.MID_BLOCK_VARIANTS),
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels,
