@@ -173,25 +173,32 @@ def short_kernels(seq: int = 512, d: int = 64) -> None:
     cupy.cuda.Device().synchronize()
 
 
+def _decode_case(q, lk: int, d: int):
+    """Random bf16 K and V (1, 8, lk, d) for the decoding query ``q`` and the calls timed on
+    them: cunorm, torch SDPA's default backend (GQA), a device copy of K."""
+    import torch
+
+    k, v = (cupy.random.standard_normal((1, 8, lk, d), dtype=np.float32).astype("bfloat16")
+            for _ in range(2))
+    dst = cupy.empty_like(k)
+    tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = {"cunorm": functools.partial(cunorm.attention, q, k, v),
+             "sdpa": functools.partial(sdpa, tq, tk, tv, enable_gqa=True),
+             "copy": functools.partial(cupy.cuda.runtime.memcpyAsync, dst.data.ptr, k.data.ptr,
+                                       k.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, 0)}
+    return k, v, calls
+
+
 def decode(lks=(4096, 16384, 65536, 131072), d: int = 128) -> None:
     """Decoding GB/s of K/V read (bf16, Lq = 1, 32 / 8 heads, D = 128; do_bench, L2 flushed)
     for cunorm and torch SDPA's default backend, and a device copy of the same bytes."""
-    import torch
     from triton.testing import do_bench
 
     q = cupy.random.standard_normal((1, 32, 1, d), dtype=np.float32).astype("bfloat16")
     for lk in lks:
-        k, v = (cupy.random.standard_normal((1, 8, lk, d), dtype=np.float32)
-                .astype("bfloat16") for _ in range(2))
+        k, v, calls = _decode_case(q, lk, d)
         nbytes = k.nbytes + v.nbytes
-        dst = cupy.empty_like(k)
-        tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        calls = {"cunorm": functools.partial(cunorm.attention, q, k, v),
-                 "sdpa": functools.partial(sdpa, tq, tk, tv, enable_gqa=True),
-                 "copy": functools.partial(cupy.cuda.runtime.memcpyAsync, dst.data.ptr,
-                                           k.data.ptr, k.nbytes,
-                                           cupy.cuda.runtime.memcpyDeviceToDevice, 0)}
         times = {n: do_bench(fn, warmup=10, rep=50, return_mode="median")
                  for n, fn in calls.items()}
         gbs = {n: (2 * k.nbytes if n == "copy" else nbytes) / t / 1e6 for n, t in times.items()}
@@ -251,7 +258,6 @@ def decode_parts(lks=(4096, 16384, 32768, 65536, 131072), d: int = 128) -> None:
     same K/V bytes: a read-only kernel, a device copy of K, and torch SDPA's default backend
     (do_bench medians, L2 flushed; the better of two), then the call, the read-only kernel and
     SDPA timed after a flush that only reads (do_bench's zeroing leaves L2 dirty)."""
-    import torch
     from triton.testing import do_bench
 
     probe = cupy.RawModule(code=_READ_PROBE).get_function("read_all")
@@ -263,28 +269,19 @@ def decode_parts(lks=(4096, 16384, 32768, 65536, 131072), d: int = 128) -> None:
     flush = functools.partial(probe, (read_blocks,), (256,),
                               (big, np.int64(big.nbytes // 32), big[big.nbytes // 2:], sink))
     for lk in lks:
-        k, v = (cupy.random.standard_normal((1, 8, lk, d), dtype=np.float32)
-                .astype("bfloat16") for _ in range(2))
+        k, v, calls = _decode_case(q, lk, d)
         nbytes = k.nbytes + v.nbytes
-        dst = cupy.empty_like(k)
-        tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        calls = {"call": functools.partial(cunorm.attention, q, k, v),
-                 "read": functools.partial(probe, (read_blocks,), (256,),
-                                           (k, np.int64(k.nbytes // 16), v, sink)),
-                 "copy": functools.partial(cupy.cuda.runtime.memcpyAsync, dst.data.ptr,
-                                           k.data.ptr, k.nbytes,
-                                           cupy.cuda.runtime.memcpyDeviceToDevice, 0),
-                 "sdpa": functools.partial(sdpa, tq, tk, tv, enable_gqa=True)}
+        calls["read"] = functools.partial(probe, (read_blocks,), (256,),
+                                          (k, np.int64(k.nbytes // 16), v, sink))
         times = {n: min(do_bench(fn, warmup=10, rep=50, return_mode="median")
                         for _ in range(2)) for n, fn in calls.items()}
         # do_bench flushes L2 by zeroing 256 MB, which leaves L2 full of dirty lines that the
         # timed kernel's reads then evict (write back); the same timing after a read-only flush:
-        clean = {n: _median_after_read_flush(calls[n], flush) for n in ("call", "read", "sdpa")}
+        clean = {n: _median_after_read_flush(calls[n], flush) for n in ("cunorm", "read", "sdpa")}
         print(f"Lk={lk} ({nbytes / 1e6:.0f} MB): "
               + ", ".join(f"{n} {t * 1e3:.1f} us" for n, t in times.items())
-              + f"; GB/s read {nbytes / times['read'] / 1e6:.0f}, call "
-              f"{nbytes / times['call'] / 1e6:.0f}, sdpa {nbytes / times['sdpa'] / 1e6:.0f}"
+              + f"; GB/s read {nbytes / times['read'] / 1e6:.0f}, cunorm "
+              f"{nbytes / times['cunorm'] / 1e6:.0f}, sdpa {nbytes / times['sdpa'] / 1e6:.0f}"
               + "; after a read-only flush: "
               + ", ".join(f"{n} {t * 1e3:.1f} us" for n, t in clean.items()))
 
