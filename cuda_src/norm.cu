@@ -151,8 +151,43 @@ __global__ void __launch_bounds__(512, 1) norm_uncached(CUNORM_NORM_PARAMS) {
 }
 
 #ifdef CUNORM_SM90
+// Resident 512-thread blocks the shared-memory cluster kernels are compiled for (the
+// registers of 1 block: up to 128; of 3: 40; of 4: 32), by item size and variant: no spills
+// on sm_90 (tests/test_nvcc.py). Under a bare (512, 1) ptxas gave them 40-48 registers
+// (16-bit) and 53-72 (float32), which kept 5-6 resident 256-thread blocks or 3 of 128
+// threads. A tighter cap lets more threads in, which pays where a row's stores wait on one
+// parameter (rms_norm) or its loads are many (the residual reads x and r and writes y and
+// x + r). layer_norm with weight and bias gains only where the cap lets one more 32 KB
+// slice in per SM (bfloat16: 5 -> 6 blocks of 256 threads); its stores wait on two parameter
+// loads from L2 a pack, and 4 blocks of 512 threads cache fewer slices than 6 of 256. H200,
+// one process, GB/s as the benchmark counts them, mean of two runs, rows = 201326592 / cols,
+// (512, 1) -> this table's count (tools/gpu_profile.py cluster-blocks;
+// benchmarks/results/nvidia-h200-2026-11-22-cluster-blocks-profile.txt):
+//   rms_norm w        float32  32768 3935 -> 4056, 65536 3840 -> 4057, 262144 3341 -> 3691
+//                     bfloat16 65536 3688 -> 3717, 262144 3512 -> 3579 (4: 3375)
+//   layer_norm res    float16  65536 3739 -> 3978, 262144 3522 -> 3760
+//                     bfloat16 131072 3351 -> 3861; float32 65536 3101 -> 3791 (4: 3176)
+//   rms_norm res      float16 262144 3283 -> 3872, bfloat16 3311 -> 3842, float32 3188 -> 3584
+//   layer_norm w, b   bfloat16 131072 3126 -> 3259, 262144 2913 -> 3015, 32768 3335 -> 3283;
+//                     float16 262144 3191 -> 3189 (4: 2814); float32 3181 (3: 3120, 4: 2323)
+// Holding 2 or 4 packs' weight and bias ahead of the stores (StoreBatch for 16-bit rows)
+// took 61-111 registers and lost 8-35% on the same cells.
+// CUNORM_NORM_CLUSTER_BLOCKS overrides every count for measurement.
+// float32 kernels with 8-byte packs (rows aligned to 8 bytes only) batch 4 packs' parameters
+// at the stores (rows.cuh StoreBatch) and spilled at 40 registers: they keep (512, 1).
+__host__ __device__ constexpr int norm_cluster_blocks(int itemsize, int pack_bytes, bool rms,
+                                                      bool residual) {
+#ifdef CUNORM_NORM_CLUSTER_BLOCKS
+  return CUNORM_NORM_CLUSTER_BLOCKS;
+#else
+  return itemsize == 2 ? (residual ? 4 : 3)
+         : itemsize == 4 ? ((residual || rms) && pack_bytes != 8 ? 3 : 1)
+                         : 1;
+#endif
+}
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>
-__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
+__global__ void __cluster_dims__(CLUSTER, 1, 1)
+    __launch_bounds__(512, norm_cluster_blocks(sizeof(SRC), PACK * sizeof(SRC), RMS, RESIDUAL))
     norm_smem_cluster(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER>));
 }

@@ -21,7 +21,8 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 ``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns);
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
-(``long-row-kernels``: one launch each, for ncu). The commands live in profile_rows.py,
+(``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
+kernels built for other resident-block counts. The commands live in profile_rows.py,
 profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in profile_common.py.
 """
 
@@ -58,7 +59,7 @@ COMMANDS = {
     "decode-stages": attn.decode_stages, "decode-parts": attn.decode_parts,
     "mid-blocks": lambda: block_variants(norms.MID_BLOCK_CASES, norms.MID_BLOCK_VARIANTS),
     "long-row-variants": long.long_row_variants,
-    "long-row-kernels": long.long_row_kernels,
+    "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,
 }
 
 if __name__ == "__main__":

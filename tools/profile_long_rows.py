@@ -3,10 +3,12 @@ uncached paths): dispatcher variants, and one launch per kernel for ncu."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import cupy
-from profile_common import _build_with, _row_case, block_variants
+import numpy as np
+from profile_common import _affine_case, _build_with, _planned, _row_case, _warm_up, block_variants
 
 # (op, dtype, cols, rows): the benchmark's long-row cells (about 400 MB of 16-bit input), and
 # the norms' cells of the same sizes.
@@ -50,3 +52,46 @@ def long_row_kernels() -> None:
         cupy.cuda.Device().synchronize()
         fn(*args, out=y)
         cupy.cuda.Device().synchronize()
+
+
+# The norm cluster kernels' resident-block caps (cuda_src/norm.cu norm_cluster_blocks): the
+# shipped counts against (512, 1) and every count of 3 or 4 forced, weight and bias for
+# layer_norm, weight for rms_norm, and both with a residual ("res", bytes: x and r read, y and
+# x + r written), rows = 201326592 / cols.
+CLUSTER_BLOCK_CASES = [(op, dt, cols, p) for dt in ("float16", "bfloat16", "float32")
+                       for cols in (32768, 65536, 131072, 262144)
+                       for op, p in (("layer_norm", ""), ("rms_norm", ""), ("layer_norm", "res"),
+                                     ("rms_norm", "res"))]
+CLUSTER_BLOCK_VARIANTS = [("(512,1)", ("-DCUNORM_NORM_CLUSTER_BLOCKS=1",)), ("shipped", ()),
+                          ("all-3", ("-DCUNORM_NORM_CLUSTER_BLOCKS=3",)),
+                          ("all-4", ("-DCUNORM_NORM_CLUSTER_BLOCKS=4",))]
+
+
+def cluster_blocks(rounds: int = 2) -> None:
+    """GB/s of CLUSTER_BLOCK_CASES built as each CLUSTER_BLOCK_VARIANTS, builds interleaved
+    over ``rounds`` rounds, with the plan's block size and the kernel's registers."""
+    from triton.testing import do_bench
+
+    _warm_up()
+    for op, dt, cols, kind in CLUSTER_BLOCK_CASES:
+        rows = 201326592 // cols
+        y, fn, args = _affine_case(op, dt, rows, cols)
+        if kind == "res":
+            r = cupy.random.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+            nbytes, call = 4 * y.nbytes, functools.partial(fn, *args, residual=r)
+        else:
+            nbytes, call = 2 * y.nbytes, functools.partial(fn, *args, out=y)
+        cells: dict[str, list[str]] = {}
+        for _ in range(rounds):
+            for name, opts in CLUSTER_BLOCK_VARIANTS:
+                _build_with(opts)
+                call()
+                kern, block, _ = _planned(op)
+                ms = do_bench(call, warmup=10, rep=50, return_mode="median")
+                cells.setdefault(name, [f"{block}t/{kern.num_regs}r"]).append(
+                    f"{nbytes / ms / 1e6:.0f}")
+        print(f"{op:10s} {kind or 'param':5s} {dt:8s} {cols:6d} | " + "  ".join(
+            f"{n}: {'/'.join(v[1:])} ({v[0]})" for n, v in cells.items()), flush=True)
+        del y, args, call
+        cupy.get_default_memory_pool().free_all_blocks()
+    _build_with(())
