@@ -42,14 +42,13 @@ WG_TILES = {(64, 2): 128, (128, 2): 128, (192, 2): 64, (256, 2): 64, (64, 1): 12
 #: L = 16384), while one block per SM leaves the tensor cores idle. Two one-warpgroup blocks
 #: per SM cover for each other, at twice the K / V traffic per query row. H200, bf16, 16k
 #: tokens, TFLOP/s one / two warpgroups, one run (tools/gpu_profile.py attention-groups):
-#: D = 64, L = 512 ... 16384: 203 / 176, 260 / 228, 299 / 263, 317 / 282, 329 / 294, 327 / 301;
-#: causal: 67 / 81, 125 / 138, 203 / 196, 264 / 241, 300 / 271, 320 / 295 (64-row blocks
-#: with 128-key tiles compute more masked scores on the diagonal of short rows). D = 128 (one
-#: warpgroup: 64-key tiles): 243 / 251, 302 / 326, 334 / 380, 349 / 407, 350 / 425, 359 / 426;
-#: causal: 138 / 122, 215 / 203, 276 / 283, 314 / 346, 345 / 393, 354 / 424. So D = 64 takes
-#: one warpgroup and D = 128 two, each the other way for causal rows of at most this many keys
-#: (the same choices after the tile loaders' change, which sped both up: profile file
-#: benchmarks/results/nvidia-h200-2026-11-22-attention-profile.txt).
+#: D = 64, L = 512 ... 16384: 225 / 191, 282 / 238, 318 / 268, 339 / 286, 350 / 289, 351 / 299;
+#: causal: 136 / 125, 202 / 179, 260 / 226, 301 / 260, 328 / 282, 337 / 301. D = 128 (one
+#: warpgroup: 64-key tiles): 274 / 277, 337 / 352, 376 / 394, 380 / 420, 389 / 426, 384 / 443;
+#: causal: 191 / 179, 263 / 259, 320 / 328, 360 / 374, 382 / 404, 393 / 422. So D = 64 takes
+#: one warpgroup, and D = 128 two except on causal rows of at most this many keys. (Before the
+#: causal bound was masked by a per-row limit, attention.cu AttnScores::softmax_step, short
+#: causal rows at D = 64 had run faster on two warpgroups: 67 / 81 at L = 512.)
 WG_CAUSAL_SHORT_KEYS = 1024
 #: head dims up to this stay on attn_tc (padding them to 64 would double the MMA work), as do
 #: launches with fewer than WG_MIN_ROWS query rows per KV head (decoding: 64-row tiles waste
@@ -244,12 +243,11 @@ def packed_args(kernel: str) -> bool:
 
 
 def wg_groups(dp: int, lk: int, causal: bool, forced: int | None = None) -> int:
-    """Warpgroups per block of ``attn_wg`` at head dim ``dp`` over ``lk`` keys: 1 at D = 64,
-    2 above, the other way for causal rows of at most WG_CAUSAL_SHORT_KEYS keys; ``forced``
-    (1 or 2) overrides that where the kernel exists (no one-warpgroup kernel past D = 128)."""
+    """Warpgroups per block of ``attn_wg`` at head dim ``dp`` over ``lk`` keys: 1 at D = 64
+    and on causal rows of at most WG_CAUSAL_SHORT_KEYS keys, else 2; ``forced`` (1 or 2)
+    overrides that where the kernel exists (no one-warpgroup kernel past D = 128)."""
     if forced is None:
-        single = dp == 64
-        forced = 1 if single != (causal and lk <= WG_CAUSAL_SHORT_KEYS) else 2
+        forced = 1 if dp == 64 or (causal and lk <= WG_CAUSAL_SHORT_KEYS) else 2
     return forced if (dp, forced) in WG_TILES else 2
 
 

@@ -50,12 +50,12 @@ def test_warpgroup_kernel_on_sm90(dtype: str, d: int, dv: int, dp: int, groups: 
 
 
 @pytest.mark.parametrize(("dp", "lk", "causal", "groups"), [
-    (64, 512, False, 1), (64, 65536, False, 1), (64, 1024, True, 2), (64, 1025, True, 1),
+    (64, 512, False, 1), (64, 65536, False, 1), (64, 1024, True, 1), (64, 1025, True, 1),
     (128, 512, False, 2), (128, 1024, True, 1), (128, 1025, True, 2), (192, 512, True, 2),
     (256, 100, True, 2)])
 def test_warpgroups_per_block(dp: int, lk: int, causal: bool, groups: int) -> None:
-    """One warpgroup at D = 64 and two above, the other way for short causal rows; no
-    one-warpgroup kernel past D = 128."""
+    """One warpgroup at D = 64 and on short causal rows, two otherwise; no one-warpgroup
+    kernel past D = 128."""
     assert a.wg_groups(dp, lk, causal) == groups
     p = a.plan_attention("bfloat16", dp, dp, lk, lk, 1, 4, 2, H100, occ2, causal=causal)
     assert p.kernel.endswith(f", {groups}>") and p.block == 128 * groups
