@@ -22,12 +22,15 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
-kernels built for other resident-block counts. The commands live in profile_rows.py,
+kernels built for other resident-block counts; ``attention-tiles`` the D = 64 attention kernel
+with other key tiles, ``attention-sources`` attention built from this checkout's kernel sources
+against those in folder $CUNORM_BASE_SOURCES. The commands live in profile_rows.py,
 profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in profile_common.py.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import profile_attention as attn
@@ -53,7 +56,9 @@ COMMANDS = {
     "affine-kernels": norms.affine_kernels,
     "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
-    "attention-groups": attn.attention_groups, "short-kernels": attn.short_kernels,
+    "attention-groups": attn.attention_groups, "attention-tiles": attn.attention_tiles,
+    "attention-sources": lambda: attn.attention_sources(os.environ["CUNORM_BASE_SOURCES"]),
+    "short-kernels": attn.short_kernels,
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,
     "decode-stages": attn.decode_stages, "decode-parts": attn.decode_parts,

@@ -72,6 +72,63 @@ def attention_groups(seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> None:
                 print(f"{line} FA2 {flops / ms_fa / 1e9:6.1f}")
 
 
+#: attention-tiles: (label, keys per tile of the D = 64 one-warpgroup kernel)
+WG64_TILE_VARIANTS = (("BN=128 (shipped)", 128), ("BN=64", 64), ("BN=128 (shipped) again", 128))
+
+
+def attention_tiles(seqs=(512, 1024, 2048, 4096, 16384), variants=WG64_TILE_VARIANTS) -> None:
+    """TFLOP/s of the D = 64 one-warpgroup kernel with other key tiles
+    (``_attn_dispatch.WG_TILES``) against FlashAttention-2, bf16, 16k tokens; every variant on
+    the same inputs in one process."""
+    from cunorm import _attn_dispatch, _attn_launch
+
+    cases = {(seq, causal): _fa2_case(64, seq, causal) for seq in seqs for causal in (False, True)}
+    shipped = _attn_dispatch.WG_TILES[64, 1]
+    try:
+        for label, bn in variants:
+            _attn_dispatch.WG_TILES[64, 1] = bn
+            _attn_launch._PLANS.clear()
+            for (seq, causal), (q, k, v, flops, ref, ms_fa) in cases.items():
+                ms, err = _cunorm_case(q, k, v, causal, ref)
+                print(f"{label:24s} D=64 L={seq:5d} causal={int(causal)}: "
+                      f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms_fa / ms:4.2f}x FA2 "
+                      f"{flops / ms_fa / 1e9:6.1f}, max|diff| {err:.1e})", flush=True)
+    finally:
+        _attn_dispatch.WG_TILES[64, 1] = shipped
+        _attn_launch._PLANS.clear()
+
+
+def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: int = 2) -> None:
+    """TFLOP/s of the planner's kernels built from the kernel sources in folder ``base`` (a
+    ``cuda_src`` of another commit) and from this checkout's, alternated ``rounds`` times in
+    one process on the same inputs, against FlashAttention-2 (bf16, 16k tokens, D = 64, 128)."""
+    from pathlib import Path
+
+    from cunorm import _attn_launch, _kernels
+
+    shipped = _kernels.source_dir
+    builds = (("base", lambda: Path(base)), ("this", shipped))
+    cases = {(d, seq, causal): _fa2_case(d, seq, causal)
+             for d in (64, 128) for seq in seqs for causal in (False, True)}
+    try:
+        for _ in range(rounds):
+            for label, folder in builds:
+                _kernels.source_dir = folder
+                _kernels.kernel_source.cache_clear()
+                _kernels._KERNELS.clear()
+                _attn_launch._PLANS.clear()
+                for (d, seq, causal), (q, k, v, flops, ref, ms_fa) in cases.items():
+                    ms, err = _cunorm_case(q, k, v, causal, ref)
+                    print(f"{label} D={d:3d} L={seq:5d} causal={int(causal)}: "
+                          f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms_fa / ms:4.2f}x FA2 "
+                          f"{flops / ms_fa / 1e9:6.1f}, max|diff| {err:.1e})", flush=True)
+    finally:
+        _kernels.source_dir = shipped
+        _kernels.kernel_source.cache_clear()
+        _kernels._KERNELS.clear()
+        _attn_launch._PLANS.clear()
+
+
 def attention_overhead(n: int = 2000) -> None:
     """Host and GPU time per decoding call (bf16, Lq = 1, 32 / 8 heads, D = 128, Lk = 4096)
     for CuPy and torch inputs, then a cProfile of the CuPy calls (functions by own time)."""
