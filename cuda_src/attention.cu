@@ -118,11 +118,16 @@ __device__ __forceinline__ AttnTile attn_tile(int hkv, int group, i64 lq, i64 ro
   return t;
 }
 
+// The last key query position i sees: Lk - 1, and under the causal mask (aligned bottom-right)
+// at most i + Lk - Lq (negative: none). Keys past it are masked.
+__device__ __forceinline__ i64 attn_last_key(i64 i, i64 lq, i64 lk, int causal) {
+  return causal ? min(lk - 1, i + lk - lq) : lk - 1;
+}
+
 // Key tiles [begin, end) of split blockIdx.z, out of the tiles the block's rows can see.
 __device__ __forceinline__ void attn_key_range(const AttnTile& t, i64 lq, i64 lk, int causal,
                                                int bn, i64& begin, i64& end) {
-  i64 last_key = lk - 1;
-  if (causal) last_key = min(last_key, t.i_max + lk - lq);
+  const i64 last_key = attn_last_key(t.i_max, lq, lk, causal);
   const i64 ntiles = last_key < 0 ? 0 : last_key / bn + 1;
   const i64 per = (ntiles + gridDim.z - 1) / gridDim.z;
   begin = min(ntiles, static_cast<i64>(blockIdx.z) * per);
@@ -221,10 +226,10 @@ template <typename T> struct AttnScores {
   int group;
   float scale_log2;
 
-  // Whether a key tile needs per-score masking: it runs past Lk, crosses the causal bound of
-  // the tile's first row, or an explicit mask exists.
+  // Whether a key tile needs per-score masking: it runs past the last key the tile's first row
+  // sees (past Lk, or across its causal bound), or an explicit mask exists.
   __device__ __forceinline__ bool edge(const AttnTile& t, i64 n0, int bn) const {
-    return n0 + bn > lk || mask_kind != kMaskNone || (causal && n0 + bn - 1 > t.i_min + lk - lq);
+    return mask_kind != kMaskNone || n0 + bn - 1 > attn_last_key(t.i_min, lq, lk, causal);
   }
 
   // Scale to log2 units, mask, then one online-softmax step: the new row max over the lane quad
@@ -246,7 +251,7 @@ template <typename T> struct AttnScores {
       int lim[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const i64 last = causal ? min(lk - 1, pos[h] + lk - lq) : lk - 1;
+        const i64 last = attn_last_key(pos[h], lq, lk, causal);
         lim[h] = static_cast<int>(max(static_cast<i64>(0), min(last - c0 + 1, static_cast<i64>(8 * NB))));
       }
 #pragma unroll
@@ -258,6 +263,8 @@ template <typename T> struct AttnScores {
         }
       }
     } else if (edge) {  // an explicit mask
+      const i64 last[2] = {attn_last_key(pos[0], lq, lk, causal),
+                           attn_last_key(pos[1], lq, lk, causal)};
 #pragma unroll
       for (int j = 0; j < NB; ++j) {
 #pragma unroll
@@ -265,7 +272,7 @@ template <typename T> struct AttnScores {
           float x = s[4 * j + e] * scale_log2;
           const int h = e >> 1;
           const i64 key = n0 + j * 8 + (lane & 3) * 2 + (e & 1);
-          const bool keep = key < lk && (!causal || key <= pos[h] + lk - lq);
+          const bool keep = key <= last[h];
           if (keep && ok[h]) {
             const i64 r = r0 + h * 8;
             const i64 head = static_cast<i64>(t.kvh) * group + r / lq;
@@ -1006,6 +1013,7 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
   const i64 r = t.r0 + warp;
   const bool row_ok = r < t.rows;
   const i64 pos = row_ok ? r % lq : 0;
+  const i64 last_key = attn_last_key(pos, lq, lk, causal);
   const i64 head = static_cast<i64>(t.kvh) * group + (row_ok ? r / lq : 0);
   C* const qrow = qsh + warp * d;
   for (int c = lane; c < d; c += 32)
@@ -1062,7 +1070,7 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
       s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
       s *= static_cast<C>(scale);  // scaled once, after the dot product, as q @ k.T * scale
     }
-    bool keep = key < lk && (!causal || key <= pos + lk - lq);
+    bool keep = key <= last_key;
     if (keep && mask_kind != kMaskNone && row_ok) {
       const i64 off = t.b * m_sb + head * m_sh + pos * m_sq + key * m_sk;
       if (mask_kind == kMaskBool) {
