@@ -43,6 +43,12 @@ def _cunorm_case(q, k, v, causal: bool, ref) -> tuple[float, float]:
     return ms, err
 
 
+def _vs_fa2(flops: float, ms: float, ms_fa: float, err: float) -> str:
+    """One case's TFLOP/s against FlashAttention-2's and the max |difference| from it."""
+    return (f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms_fa / ms:4.2f}x FA2 {flops / ms_fa / 1e9:6.1f}, "
+            f"max|diff| {err:.1e})")
+
+
 def attention() -> None:
     """TFLOP/s of cunorm.attention against torch SDPA's flash backend, bf16, 16k tokens."""
     for d in (64, 128):
@@ -50,8 +56,7 @@ def attention() -> None:
             for causal in (False, True):
                 q, k, v, flops, ref, ms_fa = _fa2_case(d, seq, causal)
                 ms, err = _cunorm_case(q, k, v, causal, ref)
-                print(f"D={d} L={seq} causal={causal}: cunorm {flops / ms / 1e9:6.1f} TFLOP/s, "
-                      f"FA2 {flops / ms_fa / 1e9:6.1f}, max|diff| {err:.2e}")
+                print(f"D={d} L={seq} causal={causal}: cunorm {_vs_fa2(flops, ms, ms_fa, err)}")
 
 
 def attention_groups(seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> None:
@@ -91,8 +96,7 @@ def attention_tiles(seqs=(512, 1024, 2048, 4096, 16384), variants=WG64_TILE_VARI
             for (seq, causal), (q, k, v, flops, ref, ms_fa) in cases.items():
                 ms, err = _cunorm_case(q, k, v, causal, ref)
                 print(f"{label:24s} D=64 L={seq:5d} causal={int(causal)}: "
-                      f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms_fa / ms:4.2f}x FA2 "
-                      f"{flops / ms_fa / 1e9:6.1f}, max|diff| {err:.1e})", flush=True)
+                      f"{_vs_fa2(flops, ms, ms_fa, err)}", flush=True)
     finally:
         _attn_dispatch.WG_TILES[64, 1] = shipped
         _attn_launch._PLANS.clear()
@@ -107,26 +111,26 @@ def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: in
     from cunorm import _attn_launch, _kernels
 
     shipped = _kernels.source_dir
+
+    def use_sources(folder) -> None:  # compile from `folder()` from now on, caches emptied
+        _kernels.source_dir = folder
+        _kernels.kernel_source.cache_clear()
+        _kernels._KERNELS.clear()
+        _attn_launch._PLANS.clear()
+
     builds = (("base", lambda: Path(base)), ("this", shipped))
     cases = {(d, seq, causal): _fa2_case(d, seq, causal)
              for d in (64, 128) for seq in seqs for causal in (False, True)}
     try:
         for _ in range(rounds):
             for label, folder in builds:
-                _kernels.source_dir = folder
-                _kernels.kernel_source.cache_clear()
-                _kernels._KERNELS.clear()
-                _attn_launch._PLANS.clear()
+                use_sources(folder)
                 for (d, seq, causal), (q, k, v, flops, ref, ms_fa) in cases.items():
                     ms, err = _cunorm_case(q, k, v, causal, ref)
                     print(f"{label} D={d:3d} L={seq:5d} causal={int(causal)}: "
-                          f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms_fa / ms:4.2f}x FA2 "
-                          f"{flops / ms_fa / 1e9:6.1f}, max|diff| {err:.1e})", flush=True)
+                          f"{_vs_fa2(flops, ms, ms_fa, err)}", flush=True)
     finally:
-        _kernels.source_dir = shipped
-        _kernels.kernel_source.cache_clear()
-        _kernels._KERNELS.clear()
-        _attn_launch._PLANS.clear()
+        use_sources(shipped)
 
 
 def attention_overhead(n: int = 2000) -> None:
