@@ -171,10 +171,10 @@ __global__ void __launch_bounds__(512, 1) norm_uncached(CUNORM_NORM_PARAMS) {
 //   layer_norm w, b   bfloat16 131072 3126 -> 3259, 262144 2913 -> 3015, 32768 3335 -> 3283;
 //                     float16 262144 3191 -> 3189 (4: 2814); float32 3181 (3: 3120, 4: 2323)
 // Holding 2 or 4 packs' weight and bias ahead of the stores (StoreBatch for 16-bit rows)
-// took 61-111 registers and lost 8-35% on the same cells.
+// took 61-111 registers and lost 8-35% on the same cells. float32 kernels with 8-byte packs
+// (rows aligned to 8 bytes only) batch 4 packs' parameters at the stores (rows.cuh StoreBatch)
+// and spilled at 40 registers: they keep (512, 1).
 // CUNORM_NORM_CLUSTER_BLOCKS overrides every count for measurement.
-// float32 kernels with 8-byte packs (rows aligned to 8 bytes only) batch 4 packs' parameters
-// at the stores (rows.cuh StoreBatch) and spilled at 40 registers: they keep (512, 1).
 __host__ __device__ constexpr int norm_cluster_blocks(int itemsize, int pack_bytes, bool rms,
                                                       bool residual) {
 #ifdef CUNORM_NORM_CLUSTER_BLOCKS
