@@ -15,7 +15,8 @@
 //                        shared memory, S = Q K^T from shared memory, O += P V with P from
 //                        registers; the next tile's S and this tile's P V overlap the softmax.
 //                        DP = head dim padded to a multiple of 64, BN keys per tile. WG = 1
-//                        blocks are compiled for 2 resident per SM.
+//                        blocks are compiled for 2 resident per SM. A block takes one row
+//                        tile, or several in rounds on a persistent grid (attn_wg_item).
 //   attn_tc<T, DP, BN, MW, KS, ST>  float16 / bfloat16 on tensor cores: mma.sync m16n8k16
 //                        with float32 accumulation, ldmatrix from swizzled shared memory,
 //                        cp.async pipelining of the K/V tiles over ST stages. 4 warps x 16 * MW
@@ -54,12 +55,13 @@ constexpr int kMaskAdd = 2;   // additive, in the input dtype
 // slower (bf16 D = 128, L = 16384: 184 against 440 TFLOP/s; same registers, no stack, no
 // wgmma serialization reported; cause not found). _attn_launch.ATTN_ARGS is the struct as
 // a NumPy structured dtype (a CPU test compares the two); _attn_dispatch.packed_args says
-// which kernels take it.
+// which kernels take it. items: the row tiles, B * Hkv * row_tiles (attn_wg's persistent grids
+// take them in rounds).
 struct AttnArgs {
   i64 lq, lk, q_sb, q_sh, q_sl, k_sb, k_sh, k_sl, v_sb, v_sh, v_sl, o_sb, o_sh, o_sl, lse_sb,
       lse_sh, lse_sl, m_sb, m_sh, m_sq, m_sk, row_tiles;
   double scale;
-  int mask_kind, hkv, group, d, dv, causal, vec, pad;
+  int mask_kind, hkv, group, d, dv, causal, vec, items;
 };
 
 #define CUNORM_ATTN_POINTERS                                                                \
@@ -72,7 +74,8 @@ struct AttnArgs {
   CUNORM_ATTN_POINTERS, i64 lq, i64 lk, i64 q_sb, i64 q_sh, i64 q_sl, i64 k_sb, i64 k_sh,    \
       i64 k_sl, i64 v_sb, i64 v_sh, i64 v_sl, i64 o_sb, i64 o_sh, i64 o_sl, i64 lse_sb,      \
       i64 lse_sh, i64 lse_sl, i64 m_sb, i64 m_sh, i64 m_sq, i64 m_sk, i64 row_tiles,        \
-      double scale, int mask_kind, int hkv, int group, int d, int dv, int causal, int vec
+      double scale, int mask_kind, int hkv, int group, int d, int dv, int causal, int vec,   \
+      int items
 
 #define CUNORM_ATTN_UNPACK                                                                  \
   const i64 lq = args.lq, lk = args.lk, q_sb = args.q_sb, q_sh = args.q_sh, q_sl = args.q_sl, \
@@ -98,10 +101,13 @@ struct AttnTile {
   bool one_head;  // every valid row in query head g0 (then i_min = r0 % Lq)
 };
 
-__device__ __forceinline__ AttnTile attn_tile(int hkv, int group, i64 lq, i64 row_tiles, int bm) {
+// item: the row tile's index in [0, B * Hkv * row_tiles), the block index of a launch with one
+// block per row tile (a persistent attn_wg block takes several, attn_wg_item).
+__device__ __forceinline__ AttnTile attn_tile(int hkv, int group, i64 lq, i64 row_tiles, int bm,
+                                              unsigned item) {
   AttnTile t;
-  // gridDim.x < 2^31 blocks: the block's coordinates in 32-bit division
-  const unsigned bid = blockIdx.x, tiles = static_cast<unsigned>(row_tiles);
+  // fewer than 2^31 row tiles: the tile's coordinates in 32-bit division
+  const unsigned bid = item, tiles = static_cast<unsigned>(row_tiles);
   const unsigned bh = bid / tiles;
   // Heaviest tiles first under a causal mask: the last row tile of a head sees most keys.
   const i64 tile = static_cast<i64>(tiles - 1 - (bid - bh * tiles));
@@ -519,7 +525,7 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
   const int warp = KS == 1 ? threadIdx.x >> 5 : 0;  // the warp's m16 row tile(s)
   const int kw = KS == 1 ? 0 : threadIdx.x >> 5;    // its share of each key tile
 
-  const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM);
+  const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM, blockIdx.x);
   i64 tb, te;
   attn_key_range(t, lq, lk, causal, BN, tb, te);
   const T* const kb = k + t.b * k_sb + t.kvh * k_sh;
@@ -813,6 +819,14 @@ CUNORM_WGMMA(bf16_t, "bf16")
 #undef CUNORM_R64
 #endif  // CUNORM_SM90A
 
+// Row tile `round` of a persistent attn_wg block: rounds of gridDim.x tiles, in block order on
+// even rounds and in reverse on odd ones. A head's row tiles come heaviest first under a causal
+// mask (attn_tile); with a grid of a multiple of row_tiles blocks, taking every round in block
+// order would give each block the same position, heaviest or lightest, in every round.
+__device__ __forceinline__ unsigned attn_wg_item(unsigned round) {
+  return round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+}
+
 // WG warpgroups x 64 query rows (BM = 64 WG), BN keys per tile, DP = head dim padded to 64.
 // K and V tiles are double-buffered by cp.async. Within an iteration the warpgroup issues
 // S' = Q K'^T for the next tile, then computes the online softmax of the current tile while
@@ -821,6 +835,9 @@ CUNORM_WGMMA(bf16_t, "bf16")
 // output stores do not overlap its own MMAs: with one block per SM they cost about 5 us a
 // block (H200, D = 64, ncu), much of the gap to FlashAttention-2 on short rows. One-warpgroup
 // blocks, 2 per SM, hide them behind each other (each block loads K / V for 64 rows only).
+// A persistent grid (fewer blocks than the `items` row tiles; the planner's choice, never with
+// a key split, whose workspace rows follow blockIdx.x) also loads each row tile's first
+// operands under the previous tile's end.
 template <typename T, int DP, int BN, int WG>
 __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN_PARAMS) {
 #if defined(CUNORM_SM90A)
@@ -829,6 +846,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   constexpr int NB = BN / 8;  // n8 blocks of scores
   constexpr int ND = DP / 8;  // n8 blocks of output
   constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
+  // a persistent grid's loop (attn_wg_item): at DP = 256 it spilled (28 bytes, ptxas sm_90a)
+  constexpr bool kPersistent = DP <= 192;
   CUNORM_DYNAMIC_SMEM(smem_raw);
   const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
   T* const qs = reinterpret_cast<T*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
@@ -837,15 +856,17 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;  // warpgroup warp / 4 owns rows 64 (warp / 4) + 16 (warp % 4)
 
-  const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM);
+  // The block's row tiles: one when the grid has a block per tile, else (a persistent grid)
+  // several, attn_wg_item's. Each tile's loads of Q and of its first K / V tiles are issued
+  // before the previous tile's last P V and output stores, into Q and the stages those no
+  // longer read, so they land while the block finishes the previous tile.
+  unsigned round = 0;
+  AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM, blockIdx.x);
   i64 tb, te;
   attn_key_range(t, lq, lk, causal, BN, tb, te);
-  const T* const kb = k + t.b * k_sb + t.kvh * k_sh;
-  const T* const vb = v + t.b * v_sb + t.kvh * v_sh;
-  const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
-  attn_load_q<BM, DP, Sw128<BM>, THREADS>(qs, q, t, lq, group, q_sb, q_sh, q_sl, q_rows, d, vec != 0);
-  const AttnTileLoader<BN, DP, Sw128<BN>, THREADS, T> k_loader(kb, k_sl, d, vec != 0);
-  const AttnTileLoader<BN, DP, Sw128<BN>, THREADS, T> v_loader(vb, v_sl, dv, vec != 0);
+  typedef AttnTileLoader<BN, DP, Sw128<BN>, THREADS, T> Loader;
+  Loader k_loader(k + t.b * k_sb + t.kvh * k_sh, k_sl, d, vec != 0);
+  Loader v_loader(v + t.b * v_sb + t.kvh * v_sh, v_sl, dv, vec != 0);
   auto load_k = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
     k_loader.load(ks + stage * BN * DP, n0, static_cast<int>(min(static_cast<i64>(BN), lk - n0)));
@@ -854,15 +875,19 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
     const i64 n0 = tile * BN;
     v_loader.load(vs + stage * BN * DP, n0, static_cast<int>(min(static_cast<i64>(BN), lk - n0)));
   };
-
-  const i64 r0 = t.r0 + warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8
-  bool row_ok[2];
-  i64 pos[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_ok[h] = r0 + 8 * h < t.rows;
-    pos[h] = row_ok[h] ? (r0 + 8 * h) % lq : 0;
-  }
+  int base = 0;  // K / V stage of the row tile's first key tile; the next ones alternate
+  // Q and the first K tile in one cp.async group, the second K tile and the first V tile in
+  // another: the first S = Q K^T waits for the first group only.
+  auto load_first = [&]() {
+    const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
+    attn_load_q<BM, DP, Sw128<BM>, THREADS>(qs, q, t, lq, group, q_sb, q_sh, q_sl, q_rows, d, vec != 0);
+    if (tb < te) load_k(tb, base);
+    copy_async_commit();
+    if (tb + 1 < te) load_k(tb + 1, base ^ 1);
+    if (tb < te) load_v(tb, base);
+    copy_async_commit();
+  };
+  load_first();
   const AttnScores<T> scores = CUNORM_ATTN_SCORES;
   const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(qs)) + (warp >> 2) * 64 * 128;
   const unsigned k_addr = static_cast<unsigned>(__cvta_generic_to_shared(ks));
@@ -894,8 +919,6 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   };
   // O += P V with V in stage `stage` (issued, not waited).
   float acc[DP / 2];
-#pragma unroll
-  for (int i = 0; i < DP / 2; ++i) acc[i] = 0.0f;
   auto pv = [&](int stage) {
     wg_pin<DP / 2>(acc);
     wg_fence();
@@ -911,24 +934,6 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
     wg_commit();
   };
 
-  float m[2] = {-Math<float>::inf(), -Math<float>::inf()};
-  float l[2] = {0.0f, 0.0f};
-  float alpha[2];
-  // Prologue: Q, K of the first two tiles and V of the first; P of the first tile.
-  if (tb < te) load_k(tb, 0);
-  if (tb + 1 < te) load_k(tb + 1, 1);
-  if (tb < te) load_v(tb, 0);
-  copy_async_commit();
-  copy_async_wait<0>();
-  fence_proxy_async();
-  __syncthreads();
-  if (tb < te) {
-    qk(0);
-    wg_wait<0>();
-    wg_pin<BN / 2>(s);
-    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, tb * BN, scores.edge(t, tb * BN, BN));
-    to_p();
-  }
   // Tile `tile`: P holds its probabilities; K of tile + 1 and V of tile are resident (or
   // landing). The tensor cores run S = Q K^T of the next tile, then P V, while the softmax of
   // the new S runs under P V; the output is rescaled once P V is done. (The last tile, with
@@ -939,42 +944,80 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
     fence_proxy_async();
     __syncthreads();  // ... visible to all, and every warpgroup is done with the stages refilled next
   };
-  for (i64 tile = tb; tile + 1 < te; ++tile) {
-    const int st = static_cast<int>((tile - tb) & 1);
-    publish();
-    qk(st ^ 1);
-    pv(st);
-    // The next loads go to the stages this iteration does not read, issued under the MMAs.
-    if (tile + 2 < te) load_k(tile + 2, st);
-    load_v(tile + 1, st ^ 1);
-    copy_async_commit();
-    wg_wait<1>();
-    wg_pin<BN / 2>(s);
-    const i64 n0 = (tile + 1) * BN;
-    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
-    // Pin the softmax results before the wait so the compiler front end keeps the source
-    // order. (ptxas still schedules its wgmma wait ahead of the exponentials: the softmax
-    // does not yet run under P V; see the session notes of issue 4.)
-    wg_pin<BN / 2>(s);
-    wg_pin<2>(alpha);
-    wg_pin<2>(l);
-    wg_wait<0>();
-    wg_pin<DP / 2>(acc);
-    wg_pin<BN / 4>(&p[0][0]);
-    attn_rescale<ND>(acc, alpha);
-    to_p();
-  }
-  if (tb < te) {
-    publish();
-    pv(static_cast<int>((te - 1 - tb) & 1));
-    wg_wait<0>();
-    wg_pin<DP / 2>(acc);
+  for (;;) {
+    const i64 r0 = t.r0 + warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8
+    bool row_ok[2];
+    i64 pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_ok[h] = r0 + 8 * h < t.rows;
+      pos[h] = row_ok[h] ? (r0 + 8 * h) % lq : 0;
+    }
+    float m[2] = {-Math<float>::inf(), -Math<float>::inf()};
+    float l[2] = {0.0f, 0.0f};
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < DP / 2; ++i) acc[i] = 0.0f;
+    // P of the first key tile, once Q and its K have landed.
+    copy_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    if (tb < te) {
+      qk(base);
+      wg_wait<0>();
+      wg_pin<BN / 2>(s);
+      scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, tb * BN, scores.edge(t, tb * BN, BN));
+      to_p();
+    }
+    for (i64 tile = tb; tile + 1 < te; ++tile) {
+      const int st = static_cast<int>((tile - tb) & 1) ^ base;
+      publish();
+      qk(st ^ 1);
+      pv(st);
+      // The next loads go to the stages this iteration does not read, issued under the MMAs.
+      if (tile + 2 < te) load_k(tile + 2, st);
+      load_v(tile + 1, st ^ 1);
+      copy_async_commit();
+      wg_wait<1>();
+      wg_pin<BN / 2>(s);
+      const i64 n0 = (tile + 1) * BN;
+      scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+      // Pin the softmax results before the wait so the compiler front end keeps the source
+      // order. (ptxas still schedules its wgmma wait ahead of the exponentials: the softmax
+      // does not yet run under P V; see the session notes of issue 4.)
+      wg_pin<BN / 2>(s);
+      wg_pin<2>(alpha);
+      wg_pin<2>(l);
+      wg_wait<0>();
+      wg_pin<DP / 2>(acc);
+      wg_pin<BN / 4>(&p[0][0]);
+      attn_rescale<ND>(acc, alpha);
+      to_p();
+    }
+    const bool any_keys = tb < te;
+    const int last_stage = static_cast<int>((te - 1 - tb) & 1) ^ base;
+    if (any_keys) publish();  // every warpgroup is done with Q and the K stages
+    const AttnTile done = t;
+    const unsigned next = kPersistent ? attn_wg_item(++round) : static_cast<unsigned>(items);
+    if (next < static_cast<unsigned>(items)) {
+      t = attn_tile(hkv, group, lq, row_tiles, BM, next);
+      attn_key_range(t, lq, lk, causal, BN, tb, te);
+      k_loader = Loader(k + t.b * k_sb + t.kvh * k_sh, k_sl, d, vec != 0);
+      v_loader = Loader(v + t.b * v_sb + t.kvh * v_sh, v_sl, dv, vec != 0);
+      if (any_keys) base = last_stage ^ 1;  // the V stage the last P V does not read
+      load_first();
+    }
+    if (any_keys) {
+      pv(last_stage);
+      wg_wait<0>();
+      wg_pin<DP / 2>(acc);
+    }
+    const AttnOut<T> out = CUNORM_ATTN_OUT;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) out.template tc_row<ND>(acc, h, m[h], l[h], r0 + 8 * h, row_ok[h], done, group, lq);
+    if (next >= static_cast<unsigned>(items)) break;
   }
   copy_async_wait<0>();
-
-  const AttnOut<T> out = CUNORM_ATTN_OUT;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) out.template tc_row<ND>(acc, h, m[h], l[h], r0 + 8 * h, row_ok[h], t, group, lq);
 #else
   __trap();  // planned only for sm_90a builds
 #endif
@@ -1007,7 +1050,7 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
 
-  const AttnTile t = attn_tile(hkv, group, lq, row_tiles, ROWS);
+  const AttnTile t = attn_tile(hkv, group, lq, row_tiles, ROWS, blockIdx.x);
   i64 tb, te;
   attn_key_range(t, lq, lk, causal, BN, tb, te);
   const i64 r = t.r0 + warp;

@@ -28,11 +28,11 @@ TC_DTYPES = ("float16", "bfloat16")
 SIMT_DTYPES = ("float32", "float64")
 MAX_HEAD_DIM = 256
 #: warpgroup path (wgmma): query rows and threads per warpgroup; keys per tile by (head dim
-#: padded to 64, warpgroups per block). ptxas (sm_90a, nvcc 13), two warpgroups: 204 registers
-#: at D = 64 / BN = 128, 236 at 128 / 128, 214 at 192 / 64, 252 at 256 / 64, no spills; 256 / 128
+#: padded to 64, warpgroups per block). ptxas (sm_90a, nvcc 13), two warpgroups: 226 registers
+#: at D = 64 / BN = 128, 248 at 128 / 128, 229 at 192 / 64, 250 at 256 / 64, no spills; 256 / 128
 #: spills. One-warpgroup blocks are compiled for 2 resident per SM (at most 255 registers, and
-#: at most half the shared memory: BN = 64 from D = 128 on, none past D = 128): 204 registers
-#: at 64 / 128, 186 at 128 / 64.
+#: at most half the shared memory: BN = 64 from D = 128 on, none past D = 128): 226 registers
+#: at 64 / 128, 210 at 128 / 64.
 WG_ROWS = 64
 WG_GROUP_THREADS = 128
 WG_TILES = {(64, 2): 128, (128, 2): 128, (192, 2): 64, (256, 2): 64, (64, 1): 128, (128, 1): 64}
@@ -48,8 +48,23 @@ WG_TILES = {(64, 2): 128, (128, 2): 128, (192, 2): 64, (256, 2): 64, (64, 1): 12
 #: causal: 191 / 179, 263 / 259, 320 / 328, 360 / 374, 382 / 404, 393 / 422. So D = 64 takes
 #: one warpgroup, and D = 128 two except on causal rows of at most this many keys. (Before the
 #: causal bound was masked by a per-row limit, attention.cu AttnScores::softmax_step, short
-#: causal rows at D = 64 had run faster on two warpgroups: 67 / 81 at L = 512.)
-WG_CAUSAL_SHORT_KEYS = 1024
+#: causal rows at D = 64 had run faster on two warpgroups: 67 / 81 at L = 512.) With persistent
+#: grids (below), D = 128 causal at L = 512 / 1024: one warpgroup 201 / 268, two 196 / 278.
+WG_CAUSAL_SHORT_KEYS = 512
+#: Persistent attn_wg grids: one block per resident slot, taking the row tiles in rounds, each
+#: tile's Q and first K / V loads issued under the previous tile's last P V and stores. For
+#: head dims (padded) with the persistent loop (attention.cu kPersistent), rows of at most
+#: WG_PERSISTENT_MAX_KEYS keys, and two-warpgroup blocks (alone on their SM) or causal rows
+#: (many short row tiles). H200, bf16, 16k tokens, TFLOP/s a block per row tile / persistent,
+#: one run (tools/gpu_profile.py attention-grids), L = 512, 1024, 2048, 4096: D = 64 one
+#: warpgroup 235 / 239, 288 / 285, 322 / 319, 345 / 334; causal 134 / 149, 201 / 210,
+#: 263 / 262, 306 / 304. D = 128 two warpgroups 289 / 299, 359 / 367, 400 / 411, 428 / 435;
+#: causal 186 / 196, 263 / 278, 332 / 350, 360 / 396. Past 4096 keys no gain, and causal rows
+#: of 16384 keys at D = 128 ran at 302 against 450 TFLOP/s: a block's row tiles come from
+#: ever more heads as their lengths differ, and the K / V that blocks running together read
+#: no longer stays in L2 (tools/gpu_profile.py attention-persistent).
+WG_PERSISTENT_MAX_DIM = 192
+WG_PERSISTENT_MAX_KEYS = 4096
 #: head dims up to this stay on attn_tc (padding them to 64 would double the MMA work), as do
 #: launches with fewer than WG_MIN_ROWS query rows per KV head (decoding: 64-row tiles waste
 #: less than 128-row ones)
@@ -96,7 +111,8 @@ class AttnPlan:
     combine : str
         Split-KV merge kernel, used when ``splits > 1``.
     grid : tuple[int, int, int]
-        ``(row_tiles * batch * Hkv, 1, splits)``.
+        ``(blocks, 1, splits)``: a block per row tile (``blocks = items``), or a persistent
+        grid of fewer blocks that take the row tiles in rounds (attn_wg only, ``splits = 1``).
     block : int
         Threads per block.
     smem : int
@@ -105,6 +121,8 @@ class AttnPlan:
         Row tiles per (batch, KV head).
     splits : int
         Key ranges per row tile (1: no split, the kernel writes the output directly).
+    items : int
+        Row tiles in all, ``row_tiles * batch * Hkv``.
     """
 
     kernel: str
@@ -114,12 +132,15 @@ class AttnPlan:
     smem: int
     row_tiles: int
     splits: int
+    items: int
 
 
 _FORCED_SPLIT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "cunorm_attn_split", default=None)
 _FORCED_GROUPS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "cunorm_attn_warpgroups", default=None)
+_FORCED_PERSISTENT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "cunorm_attn_persistent", default=None)
 
 
 @contextlib.contextmanager
@@ -168,9 +189,34 @@ def forced_warpgroups() -> int | None:
     return _FORCED_GROUPS.get()
 
 
-def forced_choices() -> tuple[int | None, int | None]:
-    """``(forced_split(), forced_warpgroups())``: part of the key of every memoized plan."""
-    return _FORCED_SPLIT.get(), _FORCED_GROUPS.get()
+@contextlib.contextmanager
+def force_persistent(blocks: int | None) -> Iterator[None]:
+    """Force the grid of every warpgroup-MMA plan made inside the block (tests, measurements):
+    ``0`` a block per row tile, ``n >= 1`` a persistent grid of ``min(n, row tiles)`` blocks;
+    split-KV plans and head dims without the persistent loop keep a block per row tile.
+    ``None`` restores the planner's choice (:func:`wg_blocks`).
+
+    Examples
+    --------
+    >>> with force_persistent(3):
+    ...     pass  # cunorm.attention(q, k, v) here runs three blocks on sm_90, looping
+    """
+    if blocks is not None and (not isinstance(blocks, int) or isinstance(blocks, bool)
+                               or blocks < 0):
+        raise ValueError(f"force_persistent(): blocks must be an int >= 0 or None, got {blocks!r}")
+    with context_value(_FORCED_PERSISTENT, blocks):
+        yield
+
+
+def forced_persistent() -> int | None:
+    """The grid forced by the innermost :func:`force_persistent`, or ``None``."""
+    return _FORCED_PERSISTENT.get()
+
+
+def forced_choices() -> tuple[int | None, int | None, int | None]:
+    """``(forced_split(), forced_warpgroups(), forced_persistent())``: part of the key of
+    every memoized plan."""
+    return _FORCED_SPLIT.get(), _FORCED_GROUPS.get(), _FORCED_PERSISTENT.get()
 
 
 def padded_head_dim(d: int, dv: int) -> int:
@@ -251,6 +297,22 @@ def wg_groups(dp: int, lk: int, causal: bool, forced: int | None = None) -> int:
     return forced if (dp, forced) in WG_TILES else 2
 
 
+def wg_blocks(dp: int, groups: int, lk: int, causal: bool, row_blocks: int, resident: int,
+              forced: int | None = None) -> int:
+    """Blocks of an attn_wg launch without a key split: ``resident`` (a persistent grid) for
+    more row tiles than that, head dims up to WG_PERSISTENT_MAX_DIM, rows of at most
+    WG_PERSISTENT_MAX_KEYS keys and two-warpgroup blocks or causal rows; else one per row tile.
+    ``forced`` as :func:`force_persistent` (head dims past WG_PERSISTENT_MAX_DIM keep one per
+    row tile)."""
+    if dp > WG_PERSISTENT_MAX_DIM:
+        return row_blocks
+    if forced is not None:
+        return min(forced, row_blocks) if forced else row_blocks
+    persistent = (resident < row_blocks and lk <= WG_PERSISTENT_MAX_KEYS
+                  and (groups == 2 or causal))
+    return resident if persistent else row_blocks
+
+
 def wg_kernel(ctype: str, dp: int, groups: int = 2) -> str:
     return f"cunorm::attn_wg<{ctype}, {dp}, {WG_TILES[dp, groups]}, {groups}>"
 
@@ -323,8 +385,8 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     >>> from cunorm._device import DeviceProps
     >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
     >>> p = plan_attention("bfloat16", 128, 128, 4096, 4096, 4, 16, 1, h100, lambda k, b, s: 2)
-    >>> p.kernel, p.grid, p.splits
-    ('cunorm::attn_wg<cunorm::bf16_t, 128, 128, 2>', (2048, 1, 1), 1)
+    >>> p.kernel, p.items, p.grid, p.splits  # 2048 row tiles on a persistent grid
+    ('cunorm::attn_wg<cunorm::bf16_t, 128, 128, 2>', 2048, (264, 1, 1), 1)
     >>> plan_attention("bfloat16", 64, 64, 4096, 4096, 4, 32, 1, h100, lambda k, b, s: 2).kernel
     'cunorm::attn_wg<cunorm::bf16_t, 64, 128, 1>'
     >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits
@@ -363,11 +425,14 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         raise ValueError(f"attention grid too large: {row_blocks} blocks")
     if splits is None:
         splits = forced_split()
+    resident = props.sm_count * max(1, occ(kernel, threads, smem))
     if splits is None:
-        resident = props.sm_count * max(1, occ(kernel, threads, smem))
         splits = choose_splits(row_blocks, _cdiv(lk, bn), resident)
-    return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (row_blocks, 1, splits), threads,
-                    smem, row_tiles, splits)
+    blocks = row_blocks
+    if splits == 1 and kernel.startswith("cunorm::attn_wg"):
+        blocks = wg_blocks(dp, groups, lk, causal, row_blocks, resident, forced_persistent())
+    return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (blocks, 1, splits), threads,
+                    smem, row_tiles, splits, row_blocks)
 
 
 def all_kernel_names(arch: int) -> list[str]:

@@ -28,7 +28,7 @@ def _struct(i64_fields: str, f64_fields: str, i32_fields: str) -> np.dtype:
 #: ``struct AttnArgs`` of attention.cu (the forward kernels' scalar arguments)
 ATTN_ARGS = _struct("lq lk q_sb q_sh q_sl k_sb k_sh k_sl v_sb v_sh v_sl o_sb o_sh o_sl lse_sb "
                     "lse_sh lse_sl m_sb m_sh m_sq m_sk row_tiles", "scale",
-                    "mask_kind hkv group d dv causal vec pad")
+                    "mask_kind hkv group d dv causal vec items")
 
 #: ``struct CombineArgs`` of attention.cu (attn_combine's scalar arguments)
 COMBINE_ARGS = _struct("part_rows lq o_sb o_sh o_sl lse_sb lse_sh lse_sl", "",
@@ -127,13 +127,13 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     fields = dict(lq=lq, lk=lk, q_sb=qs[0], q_sh=qs[1], q_sl=qs[2], k_sb=ks[0], k_sh=ks[1],
                   k_sl=ks[2], v_sb=vs[0], v_sh=vs[1], v_sl=vs[2], **out_strides, m_sb=ms[0],
                   m_sh=ms[1], m_sq=ms[2], m_sk=ms[3], row_tiles=plan.row_tiles, scale=scale,
-                  mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(causal))
+                  mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(causal),
+                  items=plan.items)
     records = {vec: _record(ATTN_ARGS, **fields, vec=vec) for vec in (0, 1)}
     if _attn_dispatch.packed_args(plan.kernel):
         args = {vec: (rec,) for vec, rec in records.items()}
     else:  # the same values as plain parameters, in the struct's order
-        args = {vec: tuple(rec[name] for name in ATTN_ARGS.names if name != "pad")
-                for vec, rec in records.items()}
+        args = {vec: tuple(rec[name] for name in ATTN_ARGS.names) for vec, rec in records.items()}
     part_rows = bsz * hkv * group * lq
     combine_args = _record(COMBINE_ARGS, part_rows=part_rows, lq=lq, **out_strides,
                            splits=plan.splits, hkv=hkv, group=group, dv=dv)

@@ -51,7 +51,7 @@ def test_warpgroup_kernel_on_sm90(dtype: str, d: int, dv: int, dp: int, groups: 
 
 @pytest.mark.parametrize(("dp", "lk", "causal", "groups"), [
     (64, 512, False, 1), (64, 65536, False, 1), (64, 1024, True, 1), (64, 1025, True, 1),
-    (128, 512, False, 2), (128, 1024, True, 1), (128, 1025, True, 2), (192, 512, True, 2),
+    (128, 512, False, 2), (128, 512, True, 1), (128, 513, True, 2), (192, 512, True, 2),
     (256, 100, True, 2)])
 def test_warpgroups_per_block(dp: int, lk: int, causal: bool, groups: int) -> None:
     """One warpgroup at D = 64 and on short causal rows, two otherwise; no one-warpgroup
@@ -61,19 +61,62 @@ def test_warpgroups_per_block(dp: int, lk: int, causal: bool, groups: int) -> No
     assert p.kernel.endswith(f", {groups}>") and p.block == 128 * groups
 
 
+@pytest.mark.parametrize(("dp", "lk", "causal", "persistent"), [
+    (64, 512, False, False),   # one warpgroup, non-causal: the co-resident block covers
+    (64, 512, True, True), (64, 4096, True, True), (64, 4097, True, False),
+    (128, 513, False, True), (128, 4096, False, True), (128, 4097, False, False),
+    (128, 512, True, True),    # one warpgroup, causal
+    (192, 1024, False, True), (256, 1024, True, False)])  # no persistent loop at 256
+def test_persistent_grids(dp: int, lk: int, causal: bool, persistent: bool) -> None:
+    """A grid of the resident blocks for two-warpgroup blocks or causal rows up to
+    WG_PERSISTENT_MAX_KEYS keys, when the row tiles outnumber them; a block per row tile
+    otherwise, for split-KV launches and where fewer row tiles than resident blocks exist."""
+    p = a.plan_attention("bfloat16", dp, dp, lk, lk, 8, 8, 1, H100, occ2, causal=causal)
+    assert p.items == p.row_tiles * 64 and p.splits == 1
+    resident = H100.sm_count * 2
+    assert p.grid == ((resident if persistent else p.items), 1, 1)
+    few = a.plan_attention("bfloat16", dp, dp, lk, lk, 1, 1, 1, H100, occ2, causal=causal)
+    assert few.grid == (few.items, 1, few.splits)
+    with a.force_split(2):
+        split = a.plan_attention("bfloat16", dp, dp, lk, lk, 8, 8, 1, H100, occ2, causal=causal)
+    assert split.grid == (split.items, 1, 2)
+
+
+def test_forced_persistent() -> None:
+    """force_persistent sets the grid of warpgroup plans (never above the row tiles, never
+    for split-KV launches or past WG_PERSISTENT_MAX_DIM, never on sm_80), is part of the plan
+    memo key, and refuses anything but None or an int >= 0."""
+    with a.force_persistent(3):
+        assert a.forced_choices() == (None, None, 3)
+        assert a.plan_attention("float16", 64, 64, 1000, 1000, 2, 8, 1, H100, occ2).grid \
+            == (3, 1, 1)
+        assert a.plan_attention("float16", 64, 64, 64, 64, 1, 2, 1, H100, occ2).grid \
+            == (2, 1, 1)
+        for dp, dev in ((256, H100), (64, A100)):
+            p = a.plan_attention("float16", dp, dp, 1000, 1000, 2, 8, 1, dev, occ2)
+            assert p.grid == (p.items, 1, p.splits)
+    with a.force_persistent(0):
+        assert a.plan_attention("float16", 64, 64, 4096, 4096, 8, 8, 1, H100, occ2,
+                                causal=True).grid == (4096, 1, 1)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="blocks must be an int >= 0 or None"):
+            with a.force_persistent(bad):
+                pass
+
+
 def test_forced_warpgroups() -> None:
     """force_warpgroups overrides the rule where the kernel exists and is part of the plan
     memo key; bad counts are refused."""
-    assert a.forced_choices() == (None, None)
+    assert a.forced_choices() == (None, None, None)
     for forced in (1, 2):
         with a.force_warpgroups(forced), a.force_split(3):
-            assert a.forced_choices() == (3, forced)
+            assert a.forced_choices() == (3, forced, None)
             for dp in (64, 128):
                 p = a.plan_attention("float16", dp, dp, 512, 512, 1, 4, 1, H100, occ2)
                 assert p.kernel.endswith(f", {forced}>")
             p = a.plan_attention("float16", 256, 256, 512, 512, 1, 4, 1, H100, occ2)
             assert p.kernel.endswith(", 2>")
-    assert a.forced_choices() == (None, None)
+    assert a.forced_choices() == (None, None, None)
     with pytest.raises(ValueError, match="groups must be 1, 2 or None"):
         with a.force_warpgroups(3):
             pass

@@ -34,9 +34,11 @@ HEAD_DIMS = [(16, 16), (32, 32), (40, 40), (64, 64), (80, 80), (96, 96), (128, 1
              (160, 160), (256, 256), (64, 32)]
 #: None: the dispatcher's choice; then every forced split-KV count (1 = no split)
 SPLITS = [None, 1, 2, 7]
-#: (split-KV count, warpgroups per block) forced together: every split, then each warpgroup
-#: count of the sm_90 warpgroup kernel (elsewhere the planner ignores the warpgroups)
-CHOICES = [(split, None) for split in SPLITS] + [(None, 1), (None, 2)]
+#: (split-KV count, warpgroups per block, persistent grid) forced together: every split, then
+#: each warpgroup count of the sm_90 warpgroup kernel, then persistent grids of one block (every
+#: row tile in its own round) and of three (elsewhere the planner ignores the last two)
+CHOICES = [(split, None, None) for split in SPLITS] + [(None, 1, None), (None, 2, None),
+                                                         (None, 1, 1), (None, 2, 1), (None, 2, 3)]
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -52,10 +54,11 @@ def force_split(n: int | None):
 
 
 @contextlib.contextmanager
-def force_choices(split: int | None, groups: int | None):
-    """``split`` KV splits and ``groups`` warpgroups per block forced (None: the planner's)."""
+def force_choices(split: int | None, groups: int | None, blocks: int | None = None):
+    """``split`` KV splits, ``groups`` warpgroups per block and a persistent grid of
+    ``blocks`` forced (None: the planner's)."""
     dispatch = importlib.import_module("cunorm._attn_dispatch")
-    with force_split(split), dispatch.force_warpgroups(groups):
+    with force_split(split), dispatch.force_warpgroups(groups), dispatch.force_persistent(blocks):
         yield
 
 
@@ -264,14 +267,14 @@ def test_matches_reference(rng, dtype, d, dv, causal):
         live = ~np.isneginf(ref_lse).reshape(-1)
         nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live]
                      .max(initial=0.0))
-        for split, groups in CHOICES:
+        for split, groups, blocks in CHOICES:
             out[...] = np.nan  # every element must be written
-            with force_choices(split, groups):
+            with force_choices(split, groups, blocks):
                 res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
                                             return_lse=True)
             assert res is out
             check(out, lse, ref, ref_lse, nerr, dtype,
-                  f"{sc.name} split={split} groups={groups}")
+                  f"{sc.name} split={split} groups={groups} blocks={blocks}")
         # no out=, no lse: a fresh CuPy array of the broadcast shape
         res = cunorm.attention(q, k, v, causal=causal, mask=mask)
         check(res, None, ref, ref_lse, nerr, dtype, f"{sc.name} fresh")
@@ -331,20 +334,22 @@ def test_fully_masked_rows_and_empty_chunks(rng, dtype, split):
         assert_is_value(host[:, :, 2], cupy.asnumpy(v)[:, :, -1], dtype, "last key only")
 
 
-@pytest.mark.parametrize("split", SPLITS)
-def test_causal_lq_greater_than_lk(rng, split):
-    """Bottom-right alignment: with Lq = 40 > Lk = 25 the first 15 queries see nothing."""
-    q = cupy.asarray(randn(rng, (1, 2, 40, 64), np.float16))
+@pytest.mark.parametrize(("split", "blocks"), [(s, None) for s in SPLITS] + [(None, 1), (None, 2)])
+def test_causal_lq_greater_than_lk(rng, split, blocks):
+    """Bottom-right alignment: with Lq = 200 > Lk = 25 the first 175 queries see nothing, so
+    the first two 64-row tiles of each head have no key (a persistent block, forced, passes
+    through them between tiles that have)."""
+    q = cupy.asarray(randn(rng, (1, 2, 200, 64), np.float16))
     k = cupy.asarray(randn(rng, (1, 2, 25, 64), np.float16))
     v = cupy.asarray(randn(rng, (1, 2, 25, 64), np.float16))
-    with force_split(split):
+    with force_choices(split, 1, blocks):
         out, lse = cunorm.attention(q, k, v, causal=True, return_lse=True)
     host, lh = cupy.asnumpy(out), cupy.asnumpy(lse)
-    assert np.all(host[:, :, :15] == 0) and np.all(np.isneginf(lh[:, :, :15]))
+    assert np.all(host[:, :, :175] == 0) and np.all(np.isneginf(lh[:, :, :175]))
     ref, ref_lse = reference(q, k, v, causal=True)
     nerr = float(row_errors(naive(q, k, v, causal=True), ref)[
         ~np.isneginf(ref_lse).reshape(-1)].max())
-    check(out, lse, ref, ref_lse, nerr, np.dtype(np.float16), f"split={split}")
+    check(out, lse, ref, ref_lse, nerr, np.dtype(np.float16), f"split={split} blocks={blocks}")
 
 
 # --- layouts: what reaches the launcher ------------------------------------------------------

@@ -6,7 +6,8 @@
 shape (GB/s, L2 flushed) and ``ncu ... python tools/gpu_profile.py norm-kernels`` runs one launch
 of the short-row norm and softmax kernels for comparison; ``python tools/gpu_profile.py attention``
 compares attention with torch's FlashAttention-2 backend (``attention-groups``: with one- and
-two-warpgroup blocks forced) and ``ncu ... python tools/gpu_profile.py attention-kernels`` runs
+two-warpgroup blocks forced, ``attention-grids``: each also on a block per row tile and on the
+planner's grid) and ``ncu ... python tools/gpu_profile.py attention-kernels`` runs
 one bf16 forward per head dim (``short-kernels``: forwards on short rows); ``decode-kernels``
 one decoding call per KV length (for ncu), ``decode-stages`` decoding at each K/V pipeline
 depth of the key-split kernel, ``decode-parts`` a decoding call against a read-only kernel over the
@@ -24,8 +25,10 @@ thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dis
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
 kernels built for other resident-block counts; ``attention-tiles`` the D = 64 attention kernel
 with other key tiles, ``attention-sources`` attention built from this checkout's kernel sources
-against those in folder $CUNORM_BASE_SOURCES. The commands live in profile_rows.py,
-profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in profile_common.py.
+against those in folder $CUNORM_BASE_SOURCES (``attention-persistent``: both on a block per
+row tile, then this checkout's on the planner's persistent grid). The commands live in
+profile_rows.py, profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in
+profile_common.py.
 """
 
 from __future__ import annotations
@@ -56,8 +59,13 @@ COMMANDS = {
     "affine-kernels": norms.affine_kernels,
     "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
-    "attention-groups": attn.attention_groups, "attention-tiles": attn.attention_tiles,
+    "attention-groups": attn.attention_groups,
+    "attention-grids": lambda: attn.attention_groups((512, 1024, 2048, 4096), (0, None)),
+    "attention-tiles": attn.attention_tiles,
     "attention-sources": lambda: attn.attention_sources(os.environ["CUNORM_BASE_SOURCES"]),
+    "attention-persistent": lambda: attn.attention_sources(
+        os.environ["CUNORM_BASE_SOURCES"], seqs=(512, 1024, 2048, 4096, 8192, 16384),
+        persistent=True),
     "short-kernels": attn.short_kernels,
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,

@@ -59,10 +59,11 @@ def attention() -> None:
                 print(f"D={d} L={seq} causal={causal}: cunorm {_vs_fa2(flops, ms, ms_fa, err)}")
 
 
-def attention_groups(seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> None:
-    """TFLOP/s of the warpgroup kernel with one- and two-warpgroup blocks forced, against
+def attention_groups(seqs=(512, 1024, 2048, 4096, 8192, 16384), grids=(None,)) -> None:
+    """TFLOP/s of the warpgroup kernel with one- and two-warpgroup blocks forced (and each
+    grid of ``grids``: ``force_persistent`` values, None the planner's), against
     FlashAttention-2, bf16, 16k tokens (_attn_dispatch.WG_CAUSAL_SHORT_KEYS)."""
-    from cunorm._attn_dispatch import force_warpgroups
+    from cunorm._attn_dispatch import force_persistent, force_warpgroups
 
     for d in (64, 128):
         for seq in seqs:
@@ -70,11 +71,13 @@ def attention_groups(seqs=(512, 1024, 2048, 4096, 8192, 16384)) -> None:
                 q, k, v, flops, ref, ms_fa = _fa2_case(d, seq, causal)
                 line = f"D={d} L={seq:5d} causal={int(causal)}:"
                 for groups in (1, 2):
-                    with force_warpgroups(groups):
-                        ms, err = _cunorm_case(q, k, v, causal, ref)
-                    line += (f" {groups} warpgroup(s) {flops / ms / 1e9:6.1f} TFLOP/s"
-                             f" ({ms_fa / ms:4.2f}x FA2, max|diff| {err:.1e}),")
-                print(f"{line} FA2 {flops / ms_fa / 1e9:6.1f}")
+                    for blocks in grids:
+                        with force_warpgroups(groups), force_persistent(blocks):
+                            ms, err = _cunorm_case(q, k, v, causal, ref)
+                        grid = "" if grids == (None,) else f" grid {blocks}"
+                        line += (f" {groups} warpgroup(s){grid} {flops / ms / 1e9:6.1f} TFLOP/s"
+                                 f" ({ms_fa / ms:4.2f}x FA2, max|diff| {err:.1e}),")
+                print(f"{line} FA2 {flops / ms_fa / 1e9:6.1f}", flush=True)
 
 
 #: attention-tiles: (label, keys per tile of the D = 64 one-warpgroup kernel)
@@ -102,13 +105,17 @@ def attention_tiles(seqs=(512, 1024, 2048, 4096, 16384), variants=WG64_TILE_VARI
         _attn_launch._PLANS.clear()
 
 
-def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: int = 2) -> None:
+def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: int = 2,
+                      persistent: bool = False) -> None:
     """TFLOP/s of the planner's kernels built from the kernel sources in folder ``base`` (a
     ``cuda_src`` of another commit) and from this checkout's, alternated ``rounds`` times in
-    one process on the same inputs, against FlashAttention-2 (bf16, 16k tokens, D = 64, 128)."""
+    one process on the same inputs, against FlashAttention-2 (bf16, 16k tokens, D = 64, 128).
+    ``persistent``: the base build and this one run a block per row tile
+    (``force_persistent(0)``; a base kernel without the persistent loop ignores the launch's
+    trailing ``items`` argument), then this one runs the planner's grid."""
     from pathlib import Path
 
-    from cunorm import _attn_launch, _kernels
+    from cunorm import _attn_dispatch, _attn_launch, _kernels
 
     shipped = _kernels.source_dir
 
@@ -118,15 +125,19 @@ def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: in
         _kernels._KERNELS.clear()
         _attn_launch._PLANS.clear()
 
-    builds = (("base", lambda: Path(base)), ("this", shipped))
+    per_tile = 0 if persistent else None
+    builds = [("base", lambda: Path(base), per_tile), ("this", shipped, per_tile)]
+    if persistent:
+        builds.append(("this, planner's grid", shipped, None))
     cases = {(d, seq, causal): _fa2_case(d, seq, causal)
              for d in (64, 128) for seq in seqs for causal in (False, True)}
     try:
         for _ in range(rounds):
-            for label, folder in builds:
+            for label, folder, blocks in builds:
                 use_sources(folder)
                 for (d, seq, causal), (q, k, v, flops, ref, ms_fa) in cases.items():
-                    ms, err = _cunorm_case(q, k, v, causal, ref)
+                    with _attn_dispatch.force_persistent(blocks):
+                        ms, err = _cunorm_case(q, k, v, causal, ref)
                     print(f"{label} D={d:3d} L={seq:5d} causal={int(causal)}: "
                           f"{_vs_fa2(flops, ms, ms_fa, err)}", flush=True)
     finally:
