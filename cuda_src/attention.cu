@@ -1000,6 +1000,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
     const AttnTile done = t;
     const unsigned next = kPersistent ? attn_wg_item(++round) : static_cast<unsigned>(items);
     if (next < static_cast<unsigned>(items)) {
+      // The setup above, for the next row tile. (One lambda for both measured 2-3% slower on
+      // short rows: attention profile record, section 10e.)
       t = attn_tile(hkv, group, lq, row_tiles, BM, next);
       attn_key_range(t, lq, lk, causal, BN, tb, te);
       k_loader = Loader(k + t.b * k_sb + t.kvh * k_sh, k_sl, d, vec != 0);

@@ -11,7 +11,9 @@ group). float16 / bfloat16 run on tensor cores: on compute capability 9.0 with w
 fewer than WG_MIN_ROWS rows per KV head, with warp-level ``mma.sync`` (``attn_tc``, 64 rows);
 float32 / float64 on the SIMT path (``attn_simt``, 8 rows per block). When the row tiles cannot
 fill the GPU (decoding: ``Lq = 1``), the keys are split over ``splits`` blocks per row tile
-(FlashDecoding) and ``attn_combine`` merges the partial results by their log-sum-exp.
+(FlashDecoding) and ``attn_combine`` merges the partial results by their log-sum-exp. When
+they more than fill it, ``attn_wg`` may run a persistent grid (:func:`wg_blocks`) whose
+blocks take the row tiles in rounds.
 """
 
 from __future__ import annotations

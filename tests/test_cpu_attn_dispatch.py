@@ -82,6 +82,18 @@ def test_persistent_grids(dp: int, lk: int, causal: bool, persistent: bool) -> N
     assert split.grid == (split.items, 1, 2)
 
 
+def test_persistent_dims_match_the_kernel_source() -> None:
+    """The planner's WG_PERSISTENT_MAX_DIM is the head dim up to which attn_wg compiles its
+    persistent loop (attention.cu kPersistent): past it a persistent grid would leave row
+    tiles undone."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).parents[1] / "cuda_src" / "attention.cu").read_text()
+    found = re.findall(r"constexpr bool kPersistent = DP <= (\d+);", src)
+    assert found == [str(a.WG_PERSISTENT_MAX_DIM)]
+
+
 def test_forced_persistent() -> None:
     """force_persistent sets the grid of warpgroup plans (never above the row tiles, never
     for split-KV launches or past WG_PERSISTENT_MAX_DIM, never on sm_80), is part of the plan
