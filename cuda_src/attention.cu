@@ -509,6 +509,7 @@ __device__ __forceinline__ void attn_load_q(T* tile, const T* q, const AttnTile&
 template <typename T, int DP, int BN, int MW, int KS, int ST>
 __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
   CUNORM_ATTN_UNPACK;
+  griddep_launch_dependents();  // a key split's attn_combine may wait on the SMs (attn_combine)
   static_assert(KS == 1 || (KS == 4 && MW == 1), "key split: 4 warps on one m16 row tile");
   static_assert(ST >= 2, "at least double buffering");
   constexpr int BM = 64 * MW / KS;
@@ -841,6 +842,7 @@ __device__ __forceinline__ unsigned attn_wg_item(unsigned round) {
 template <typename T, int DP, int BN, int WG>
 __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN_PARAMS) {
 #if defined(CUNORM_SM90A)
+  griddep_launch_dependents();  // as in attn_tc
   constexpr int BM = 64 * WG;
   constexpr int THREADS = 128 * WG;
   constexpr int NB = BN / 8;  // n8 blocks of scores
@@ -1041,6 +1043,7 @@ template <typename C> __device__ __forceinline__ C two_sum_into(C a, C b, C& err
 template <typename T, int DPL>
 __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
   CUNORM_ATTN_UNPACK;
+  griddep_launch_dependents();  // as in attn_tc
   typedef typename AttnWork<T>::type C;  // double
   constexpr int ROWS = 8;
   constexpr int BN = 32;
@@ -1298,6 +1301,11 @@ __global__ void __launch_bounds__(256) attn_combine(const typename AttnWork<T>::
   const i64 head = static_cast<i64>(bh % static_cast<unsigned>(hkv)) * group + r / lq32;
   const i64 pos = r % lq32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Launched with programmatic stream serialization (cunorm/_pdl.py) on sm_90, the blocks are
+  // resident while the attention kernel runs (it lets them in as it starts) and pass this
+  // wait as soon as its partial rows are complete: the launch and scheduling of this small
+  // grid no longer follow the attention kernel's end.
+  griddep_wait();
 
   P m_s = -Math<P>::inf(), l_s = P(0);
   if (tid < splits) {

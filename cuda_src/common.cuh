@@ -222,6 +222,22 @@ __device__ __forceinline__ void divmod_i64(i64 a, i64 b, double inv_b, i64* q, i
 template <typename C, typename OUT> struct AccFor { typedef C type; };
 template <> struct AccFor<float, float> { typedef double type; };
 
+// Programmatic dependent launch (sm_90+; no-ops below). A kernel calls
+// griddep_launch_dependents() once the grid launched after it with programmatic stream
+// serialization (cunorm/_pdl.py) may be scheduled, and that kernel calls griddep_wait() before
+// it reads anything the first one writes: the wait returns once the first grid has completed
+// and its memory is visible. Launched the ordinary way, neither does anything.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
 // Packs: N consecutive elements moved as one vector access (16 bytes at most).
 template <typename T, int N> struct __align__(sizeof(T) * N) Pack { T v[N]; };

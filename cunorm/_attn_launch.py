@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _attn_dispatch
+from . import _attn_dispatch, _pdl
 from ._device import device_props
 from ._kernels import get_kernel, occupancy
+
+#: Launch the split-KV merge (attn_combine) as a programmatic dependent of the attention
+#: kernel where the device and driver allow it (:mod:`cunorm._pdl`). False: an ordinary launch
+#: after it (for measurements; prepared launches keep the setting they were made with).
+DEPENDENT_COMBINE = True
 
 # (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, forced choices)
 # -> (plan, kernel, combine)
@@ -59,11 +64,14 @@ class Launch:
     repeated call only supplies pointers (:meth:`fire`). Built by :func:`prepare`."""
 
     __slots__ = ("plan", "kernel", "combine", "args", "combine_args", "work", "part_rows",
-                 "dv", "strides_aligned")
+                 "dv", "strides_aligned", "dependent")
 
     def __init__(self, plan, kernel, combine, args: dict, combine_args: np.void, work,
-                 part_rows: int, dv: int, strides_aligned: bool) -> None:
+                 part_rows: int, dv: int, strides_aligned: bool,
+                 dependent: _pdl.DependentLaunch | None = None) -> None:
         self.plan, self.kernel, self.combine = plan, kernel, combine
+        # the merge as a programmatic dependent launch, or None: an ordinary one
+        self.dependent = dependent
         # vec flag (0 / 1) -> the arguments after the 8 pointers: the AttnArgs record alone,
         # or its fields as plain parameters (_attn_dispatch.packed_args)
         self.args = args
@@ -92,7 +100,11 @@ class Launch:
         self.kernel(plan.grid, (plan.block,),
                     (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask,
                      *self.args[vec]), shared_mem=plan.smem)
-        if plan.splits > 1:
+        if (plan.splits > 1 and self.dependent is not None
+                and cupy.cuda.runtime.getDevice() == self.dependent.device):
+            self.dependent.fire(cupy.cuda.get_current_stream().ptr, int(o_part),
+                                int(stat_part), out.data.ptr, 0 if lse is None else lse.data.ptr)
+        elif plan.splits > 1:
             self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
                          (o_part, stat_part, out, lse_arg, self.combine_args))
 
@@ -139,8 +151,12 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
                            splits=plan.splits, hkv=hkv, group=group, dv=dv)
     # AttnWork<T> of attention.cu: float on tensor cores, double on the SIMT path
     work = np.float64 if dtype in _attn_dispatch.SIMT_DTYPES else np.float32
+    dependent = None
+    if plan.splits > 1 and DEPENDENT_COMBINE and _pdl.available(device_props(dev).arch):
+        dependent = _pdl.DependentLaunch(combine, dev, part_rows,
+                                         _attn_dispatch.COMBINE_THREADS, 4, (combine_args,))
     return Launch(plan, kernel, combine, args, combine_args, work, part_rows, dv,
-                  strides_aligned)
+                  strides_aligned, dependent)
 
 
 def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None,

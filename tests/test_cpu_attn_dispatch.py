@@ -284,6 +284,25 @@ def test_argument_structs_match_the_kernel_source(struct: str, name: str) -> Non
     assert np.zeros((), dtype)[()].nbytes == dtype.itemsize
 
 
+def test_dependent_launch_structs_and_availability(monkeypatch) -> None:
+    """cunorm._pdl's ctypes mirrors of cuda.h's CUlaunchAttribute and CUlaunchConfig have the C
+    layout (64-bit host), and dependent launches are used from sm_90 on, where the driver
+    library has cuLaunchKernelEx."""
+    import ctypes
+
+    from cunorm import _pdl
+
+    assert ctypes.sizeof(_pdl.LaunchAttribute) == 72 and _pdl.LaunchAttribute.value.offset == 8
+    offsets = {f[0]: getattr(_pdl.LaunchConfig, f[0]).offset for f in _pdl.LaunchConfig._fields_}
+    assert offsets == {"grid": 0, "block": 12, "shared_mem": 24, "stream": 32, "attrs": 40,
+                       "num_attrs": 48}
+    assert ctypes.sizeof(_pdl.LaunchConfig) == 56
+    monkeypatch.setattr(_pdl, "_driver", lambda: object())
+    assert _pdl.available(90) and not _pdl.available(80)
+    monkeypatch.setattr(_pdl, "_driver", lambda: None)  # no libcuda, or one before CUDA 12
+    assert not _pdl.available(90)
+
+
 def test_packed_arguments_by_kernel() -> None:
     """attn_tc and attn_simt take the AttnArgs struct; attn_wg plain parameters."""
     for arch in (80, 90):

@@ -120,3 +120,28 @@ def test_masks_and_strided_layout(dtype, kind):
 def test_every_kernel_name_is_planned():
     names = set(_attn_dispatch.all_kernel_names(90))
     assert any("attn_tc" in n for n in names) and any("attn_simt" in n for n in names)
+
+
+@pytest.mark.parametrize("dependent", [False, True], ids=["ordinary", "dependent"])
+def test_split_merge_launch_forms(dependent, monkeypatch):
+    """The split-KV merge launched as a programmatic dependent of the attention kernel (on
+    sm_90: resident while the kernel runs, waiting in griddep_wait for its partial rows) and as
+    an ordinary launch after it. Fresh inputs every call: a merge that read before the partial
+    rows were complete would meet the previous call's."""
+    from cunorm import _attn_launch, _pdl
+    from cunorm._device import device_props
+
+    monkeypatch.setattr(_attn_launch, "DEPENDENT_COMBINE", dependent)
+    dtype = np.dtype(np.float16)
+    q = cupy.zeros((1, 32, 1, 128), dtype)
+    kv = cupy.zeros((1, 8, 20000, 128), dtype)
+    with _attn_dispatch.force_split(43):
+        launch = _attn_launch.prepare(q, kv, kv, cupy.empty_like(q), causal=False, scale=1.0)
+    assert launch.plan.splits == 43
+    arch = device_props(q.data.device_id).arch
+    assert (launch.dependent is not None) == (dependent and _pdl.available(arch))
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        out, lse, ref, ref_lse = run(dtype, 1, 32, 8, 1, 20000, 128, 128, split=43, rng=rng)
+        assert rel_err(out, ref) <= TOL[dtype.name]
+        np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)

@@ -70,6 +70,7 @@ COMMANDS = {
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,
     "decode-stages": attn.decode_stages, "decode-parts": attn.decode_parts,
+    "decode-dependent": attn.decode_dependent,
     "mid-blocks": lambda: block_variants(norms.MID_BLOCK_CASES, norms.MID_BLOCK_VARIANTS),
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,

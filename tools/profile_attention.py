@@ -279,6 +279,38 @@ def decode(lks=(4096, 16384, 65536, 131072), d: int = 128) -> None:
               + f"; cunorm/copy {gbs['cunorm'] / gbs['copy']:.0%}")
 
 
+def decode_dependent(rounds: int = 2, n: int = 2000) -> None:
+    """:func:`decode` with the split-KV merge launched as a programmatic dependent of the
+    attention kernel (as shipped) and as an ordinary launch after it, alternating ``rounds``
+    times in one process, each with the host time per call (Lk = 16384, ``n`` calls)."""
+    import importlib
+    import time
+
+    from cunorm import _attn_launch
+
+    attention_module = importlib.import_module("cunorm.attention")  # cunorm.attention: the function
+
+    q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
+    kv = cupy.random.standard_normal((1, 8, 16384, 128), dtype=np.float32).astype("bfloat16")
+    try:
+        for _ in range(rounds):
+            for name, dependent in (("ordinary", False), ("dependent", True)):
+                _attn_launch.DEPENDENT_COMBINE = dependent
+                attention_module._MEMO.clear()  # prepared launches keep the setting
+                cunorm.attention(q, kv, kv)
+                cupy.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    cunorm.attention(q, kv, kv)
+                host = (time.perf_counter() - t0) / n * 1e6
+                cupy.cuda.Device().synchronize()
+                print(f"combine {name}: host {host:.1f} us per call (back to back)", flush=True)
+                decode((4096, 16384, 32768, 65536, 131072))
+    finally:
+        _attn_launch.DEPENDENT_COMBINE = True
+        attention_module._MEMO.clear()
+
+
 def decode_stages(stages=(2, 3, 4, 6)) -> None:
     """:func:`decode` (D = 128 and 64) with the key-split kernel built for each K/V pipeline
     depth (``_attn_dispatch.TC_KEY_SPLIT_STAGES``), with its plan (splits, blocks per SM)."""
