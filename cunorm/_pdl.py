@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+import threading
 
 import numpy as np
 
@@ -92,7 +93,7 @@ class DependentLaunch:
     """
 
     __slots__ = ("device", "_name", "_function", "_config", "_attr", "_pointers", "_fixed",
-                 "_params")
+                 "_params", "_lock")
 
     def __init__(self, kernel, device: int, grid: int, block: int, n_pointers: int,
                  fixed: tuple) -> None:
@@ -109,16 +110,20 @@ class DependentLaunch:
         self._params = (ctypes.c_void_p * (n_pointers + len(fixed)))(
             *(base + 8 * i for i in range(n_pointers)),
             *(ctypes.addressof(buf) for buf in self._fixed))
+        # The argument and config buffers are shared by every call (cuLaunchKernelEx copies
+        # them at launch): threads firing one launch take turns filling and launching.
+        self._lock = threading.Lock()
 
     def fire(self, stream: int, *pointers: int) -> None:
         """Launch on stream handle ``stream`` (0: the legacy default stream) with these
         pointer arguments."""
-        for i, p in enumerate(pointers):
-            self._pointers[i] = p
-        self._config.stream = stream
         lib = _driver()
-        rc = lib.cuLaunchKernelEx(ctypes.byref(self._config), self._function, self._params,
-                                  None)
+        with self._lock:
+            for i, p in enumerate(pointers):
+                self._pointers[i] = p
+            self._config.stream = stream
+            rc = lib.cuLaunchKernelEx(ctypes.byref(self._config), self._function,
+                                      self._params, None)
         if rc != 0:
             err = ctypes.c_char_p()
             lib.cuGetErrorName(rc, ctypes.byref(err))

@@ -145,3 +145,42 @@ def test_split_merge_launch_forms(dependent, monkeypatch):
         out, lse, ref, ref_lse = run(dtype, 1, 32, 8, 1, 20000, 128, 128, split=43, rng=rng)
         assert rel_err(out, ref) <= TOL[dtype.name]
         np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_split_merge_from_threads():
+    """Two threads decoding on their own streams through one memoized launch (so one shared
+    dependent-launch argument buffer on sm_90): each thread gets its own inputs' results."""
+    import threading
+
+    import cunorm
+
+    dtype = np.dtype(np.float16)
+    rng = np.random.default_rng(9)
+    inputs, refs = [], []
+    for _ in range(2):
+        qh = rng.standard_normal((1, 32, 1, 128)).astype(dtype)
+        kh, vh = (rng.standard_normal((1, 8, 20000, 128)).astype(dtype) for _ in range(2))
+        inputs.append(tuple(cupy.asarray(a) for a in (qh, kh, vh)))
+        refs.append(reference(qh, kh, vh, False, 1.0 / np.sqrt(128))[0])
+    cunorm.attention(*inputs[0])  # plan, compile and memoize once
+    cupy.cuda.Device().synchronize()
+    errs: list[float | BaseException] = [np.inf, np.inf]  # inf: the thread never finished
+
+    def work(i: int) -> None:
+        try:
+            worst = 0.0
+            with cupy.cuda.Stream(non_blocking=True) as stream:
+                for _ in range(20):
+                    out = cunorm.attention(*inputs[i])
+                    stream.synchronize()
+                    worst = max(worst, rel_err(cupy.asnumpy(out), refs[i]))
+            errs[i] = worst
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errs[i] = err
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(e, float) and e <= TOL[dtype.name] for e in errs), errs
