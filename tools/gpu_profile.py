@@ -11,8 +11,10 @@ planner's grid) and ``ncu ... python tools/gpu_profile.py attention-kernels`` ru
 one bf16 forward per head dim (``short-kernels``: forwards on short rows); ``decode-kernels``
 one decoding call per KV length (for ncu), ``decode-stages`` decoding at each K/V pipeline
 depth of the key-split kernel, ``decode-parts`` a decoding call against a read-only kernel over the
-same bytes; ``attention-overhead`` gives the host and GPU time of a decoding call
-with a cProfile of it, ``launch-cost`` the host time of a CuPy launch by argument list;
+same bytes, ``decode-dependent`` decoding with the split-KV merge launched as a programmatic
+dependent of the attention kernel and as an ordinary launch after it; ``attention-overhead``
+gives the host and GPU time of a decoding call with a cProfile of it, ``launch-cost`` the
+host time of a CuPy launch by argument list;
 ``norm-variants`` times the norms' block kernels built with other resident-block counts;
 ``wide-blocks`` the 12288- and 16384-column rows on 768- and 1024-thread blocks,
 ``block-sizes`` rows on blocks of any whole number of warps against power-of-two blocks,
