@@ -16,7 +16,7 @@ from ._kernels import get_kernel, occupancy
 DEPENDENT_COMBINE = True
 
 # (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, forced choices)
-# -> (plan, kernel, combine)
+# -> (plan, kernel, combine, the merge's dependent launch or None)
 _PLANS: dict[tuple, tuple] = {}
 
 _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
@@ -64,14 +64,15 @@ class Launch:
     repeated call only supplies pointers (:meth:`fire`). Built by :func:`prepare`."""
 
     __slots__ = ("plan", "kernel", "combine", "args", "combine_args", "work", "part_rows",
-                 "dv", "strides_aligned", "dependent")
+                 "dv", "strides_aligned", "dependent", "combine_bytes")
 
     def __init__(self, plan, kernel, combine, args: dict, combine_args: np.void, work,
                  part_rows: int, dv: int, strides_aligned: bool,
                  dependent: _pdl.DependentLaunch | None = None) -> None:
         self.plan, self.kernel, self.combine = plan, kernel, combine
-        # the merge as a programmatic dependent launch, or None: an ordinary one
+        # the merge as a programmatic dependent launch (the plan's), or None: an ordinary one
         self.dependent = dependent
+        self.combine_bytes = (combine_args.tobytes(),)
         # vec flag (0 / 1) -> the arguments after the 8 pointers: the AttnArgs record alone,
         # or its fields as plain parameters (_attn_dispatch.packed_args)
         self.args = args
@@ -102,8 +103,9 @@ class Launch:
                      *self.args[vec]), shared_mem=plan.smem)
         if (plan.splits > 1 and self.dependent is not None
                 and cupy.cuda.runtime.getDevice() == self.dependent.device):
-            self.dependent.fire(cupy.cuda.get_current_stream().ptr, int(o_part),
-                                int(stat_part), out.data.ptr, 0 if lse is None else lse.data.ptr)
+            self.dependent.fire(cupy.cuda.get_current_stream().ptr,
+                                (int(o_part), int(stat_part), out.data.ptr,
+                                 0 if lse is None else lse.data.ptr), self.combine_bytes)
         elif plan.splits > 1:
             self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
                          (o_part, stat_part, out, lse_arg, self.combine_args))
@@ -129,7 +131,7 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     entry = _PLANS.get(key)
     if entry is None:
         entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal)
-    plan, kernel, combine = entry
+    plan, kernel, combine, dependent = entry
 
     kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
     ms = (0, 0, 0, 0) if mask is None else _strides(mask, "mask")
@@ -151,12 +153,8 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
                            splits=plan.splits, hkv=hkv, group=group, dv=dv)
     # AttnWork<T> of attention.cu: float on tensor cores, double on the SIMT path
     work = np.float64 if dtype in _attn_dispatch.SIMT_DTYPES else np.float32
-    dependent = None
-    if plan.splits > 1 and DEPENDENT_COMBINE and _pdl.available(device_props(dev).arch):
-        dependent = _pdl.DependentLaunch(combine, dev, part_rows,
-                                         _attn_dispatch.COMBINE_THREADS, 4, (combine_args,))
     return Launch(plan, kernel, combine, args, combine_args, work, part_rows, dv,
-                  strides_aligned, dependent)
+                  strides_aligned, dependent if DEPENDENT_COMBINE else None)
 
 
 def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None,
@@ -206,4 +204,10 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
 
     plan = _attn_dispatch.plan_attention(dtype, d, dv, lq, lk, bsz, hkv, group, props, occ,
                                          causal=causal)
-    return plan, kernel_for(plan.kernel), kernel_for(plan.combine)
+    combine = kernel_for(plan.combine)
+    dependent = None  # one per plan: its grid is the plan's part rows, B * Hkv * group * Lq
+    if plan.splits > 1 and _pdl.available(props.arch):
+        dependent = _pdl.DependentLaunch(combine, dev, bsz * hkv * group * lq,
+                                         _attn_dispatch.COMBINE_THREADS, 4,
+                                         (COMBINE_ARGS.itemsize,))
+    return plan, kernel_for(plan.kernel), combine, dependent

@@ -17,8 +17,6 @@ import functools
 import sys
 import threading
 
-import numpy as np
-
 #: ``CUlaunchAttributeID`` CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
 #: Compute capability (as one number) from which the hardware overlaps dependent launches.
@@ -70,8 +68,8 @@ def available(arch: int) -> bool:
 
 class DependentLaunch:
     """A kernel's launch as the programmatic dependent of the kernel before it in the stream:
-    grid, block and the trailing by-value arguments bound once, the leading pointer arguments
-    given per call (:meth:`fire`).
+    grid and block bound once, the arguments (leading pointers, then by-value structs) given
+    per call (:meth:`fire`), so one object serves every launch of a plan.
 
     Parameters
     ----------
@@ -83,8 +81,8 @@ class DependentLaunch:
         Blocks and threads per block (one dimension).
     n_pointers : int
         Number of leading pointer arguments (64-bit device addresses).
-    fixed : tuple of numpy scalars or records
-        The arguments after them, passed by value as their bytes (a record for a C struct).
+    struct_sizes : tuple of int
+        Sizes in bytes of the arguments after them, each passed by value (a C struct).
 
     Examples
     --------
@@ -92,11 +90,11 @@ class DependentLaunch:
     (72, 8, 56)
     """
 
-    __slots__ = ("device", "_name", "_function", "_config", "_attr", "_pointers", "_fixed",
-                 "_params", "_lock")
+    __slots__ = ("device", "_name", "_function", "_config", "_attr", "_pointers", "_structs",
+                 "_params", "_lock", "_held")
 
     def __init__(self, kernel, device: int, grid: int, block: int, n_pointers: int,
-                 fixed: tuple) -> None:
+                 struct_sizes: tuple[int, ...]) -> None:
         self.device = device
         self._name = kernel.name
         self._function = ctypes.c_void_p(kernel.kernel.ptr)
@@ -105,22 +103,28 @@ class DependentLaunch:
         self._config = LaunchConfig(grid=(grid, 1, 1), block=(block, 1, 1), shared_mem=0,
                                     attrs=ctypes.pointer(self._attr), num_attrs=1)
         self._pointers = (ctypes.c_uint64 * n_pointers)()
-        self._fixed = [ctypes.create_string_buffer(np.asarray(a).tobytes()) for a in fixed]
+        self._structs = [ctypes.create_string_buffer(size) for size in struct_sizes]
         base = ctypes.addressof(self._pointers)
-        self._params = (ctypes.c_void_p * (n_pointers + len(fixed)))(
+        self._params = (ctypes.c_void_p * (n_pointers + len(struct_sizes)))(
             *(base + 8 * i for i in range(n_pointers)),
-            *(ctypes.addressof(buf) for buf in self._fixed))
+            *(ctypes.addressof(buf) for buf in self._structs))
         # The argument and config buffers are shared by every call (cuLaunchKernelEx copies
         # them at launch): threads firing one launch take turns filling and launching.
         self._lock = threading.Lock()
+        self._held: tuple[bytes, ...] | None = None  # the structs the buffers hold
 
-    def fire(self, stream: int, *pointers: int) -> None:
+    def fire(self, stream: int, pointers: tuple[int, ...], structs: tuple[bytes, ...]) -> None:
         """Launch on stream handle ``stream`` (0: the legacy default stream) with these
-        pointer arguments."""
+        pointer arguments and by-value structs (their bytes, of the sizes given at
+        construction)."""
         lib = _driver()
         with self._lock:
             for i, p in enumerate(pointers):
                 self._pointers[i] = p
+            if structs is not self._held:  # a prepared launch passes the same tuple each call
+                for buf, value in zip(self._structs, structs, strict=True):
+                    ctypes.memmove(buf, value, len(buf))
+                self._held = structs
             self._config.stream = stream
             rc = lib.cuLaunchKernelEx(ctypes.byref(self._config), self._function,
                                       self._params, None)

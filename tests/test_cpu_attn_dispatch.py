@@ -303,6 +303,38 @@ def test_dependent_launch_structs_and_availability(monkeypatch) -> None:
     assert not _pdl.available(90)
 
 
+def test_dependent_launch_passes_its_arguments(monkeypatch) -> None:
+    """DependentLaunch.fire hands cuLaunchKernelEx the grid, block, stream, the attribute and
+    a parameter array whose entries point at each call's pointers and struct bytes (a stand-in
+    driver reads them back as the real one would)."""
+    import ctypes
+    import types
+
+    from cunorm import _attn_launch, _pdl
+
+    seen = []
+
+    def launch(config, function, params, extra):
+        cfg = config._obj
+        attr = cfg.attrs[0]
+        ptrs = [ctypes.c_uint64.from_address(params[i]).value for i in range(2)]
+        struct = ctypes.string_at(params[2], _attn_launch.COMBINE_ARGS.itemsize)
+        seen.append((tuple(cfg.grid), tuple(cfg.block), cfg.stream, cfg.num_attrs, attr.id,
+                     attr.value.flag, function.value, ptrs, struct, extra))
+        return 0
+
+    monkeypatch.setattr(_pdl, "_driver", lambda: types.SimpleNamespace(cuLaunchKernelEx=launch))
+    kernel = types.SimpleNamespace(name="k", kernel=types.SimpleNamespace(ptr=0xABC))
+    dep = _pdl.DependentLaunch(kernel, 0, 32, 256, 2, (_attn_launch.COMBINE_ARGS.itemsize,))
+    structs = {n: (_attn_launch._record(_attn_launch.COMBINE_ARGS, part_rows=32, splits=n,
+                                        dv=128).tobytes(),) for n in (3, 7)}
+    for n in (3, 3, 7, 3):  # the same tuple again, another, the first again
+        dep.fire(0x77, (0x1000 * n, 0x2000 * n), structs[n])
+        assert seen[-1] == ((32, 1, 1), (256, 1, 1), 0x77, 1,
+                            _pdl.PROGRAMMATIC_STREAM_SERIALIZATION, 1, 0xABC,
+                            [0x1000 * n, 0x2000 * n], structs[n][0], None)
+
+
 def test_packed_arguments_by_kernel() -> None:
     """attn_tc and attn_simt take the AttnArgs struct; attn_wg plain parameters."""
     for arch in (80, 90):
