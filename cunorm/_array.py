@@ -276,16 +276,39 @@ def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> It
         if stream is None:
             if len(_EXTERNAL_STREAMS) >= 64:  # streams come and go: keep the table small
                 _EXTERNAL_STREAMS.clear()
-            stream = _EXTERNAL_STREAMS[dev, ptr] = cupy.cuda.ExternalStream(ptr, dev)
+            stream = _EXTERNAL_STREAMS[dev, ptr] = _wrap_stream(cupy, ptr, dev)
         with cupy.cuda.Device(dev), stream:
             yield
     else:
         yield
 
 
-# (device, CUDA stream handle) -> cupy.cuda.ExternalStream: a wrapper of the handle only, so
-# one per handle serves every call (building it costs ~2 us of a call's host time)
+# (device, CUDA stream handle) -> CuPy stream: a wrapper of the handle only, so one per handle
+# serves every call (building it costs ~1-2 us of a call's host time)
 _EXTERNAL_STREAMS: dict[tuple[int, int], object] = {}
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` behind the CUDA stream protocol (``__cuda_stream__``), which
+    ``cupy.cuda.Stream.from_external`` takes: any torch version's handle, whether or not its
+    stream objects implement the protocol themselves."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def _wrap_stream(cupy, ptr: int, dev: int):
+    """A CuPy stream on the foreign handle ``ptr`` of device ``dev``: ``Stream.from_external``
+    (CuPy 14 deprecates ``ExternalStream``, with a warning), else ``ExternalStream``."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(ptr))
+    return cupy.cuda.ExternalStream(ptr, dev)
 
 
 def to_cupy(x: object, kind: str, fname: str, argname: str = "x"):

@@ -141,3 +141,29 @@ def test_compile_options_arch_specific(arch: int) -> None:
     target = f"--gpu-architecture=sm_{arch}{'a' if arch == 90 else ''}"
     assert target in opts and ("-DCUNORM_SM90A" in opts) == (arch == 90)
     assert "--gpu-architecture=sm_90" in _kernels.compile_options(90, "softmax.cu")
+
+
+def test_foreign_stream_wrapper() -> None:
+    """A torch stream handle reaches CuPy through Stream.from_external (the CUDA stream
+    protocol) where CuPy has it, else through ExternalStream(handle, device)."""
+    from types import SimpleNamespace
+
+    from cunorm import _array
+
+    made: list[tuple] = []
+
+    class Stream:
+        @staticmethod
+        def from_external(obj):
+            made.append(("from_external", obj.__cuda_stream__()))
+            return "wrapped"
+
+    def external(ptr, dev):
+        made.append(("ExternalStream", ptr, dev))
+        return "external"
+
+    new = SimpleNamespace(cuda=SimpleNamespace(Stream=Stream, ExternalStream=external))
+    old = SimpleNamespace(cuda=SimpleNamespace(Stream=object, ExternalStream=external))
+    assert _array._wrap_stream(new, 0x1234, 1) == "wrapped"
+    assert _array._wrap_stream(old, 0x1234, 1) == "external"
+    assert made == [("from_external", (0, 0x1234)), ("ExternalStream", 0x1234, 1)]

@@ -4,6 +4,7 @@ indexing. Skipped (with the reason) where no CUDA GPU is present."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import numpy as np
@@ -427,6 +428,32 @@ def test_torch_stream_and_dtype():
     tt = torch.randn(4, 8, 16, device="cuda").transpose(1, 2)  # non-contiguous view
     torch.testing.assert_close(cunorm.softmax(tt, axis=1), torch.softmax(tt, 1),
                                atol=1e-6, rtol=1e-5)
+
+
+def test_torch_stream_wrapped_without_deprecation(monkeypatch):
+    """A torch stream seen for the first time is wrapped for CuPy without a deprecation
+    warning (CuPy 14 deprecates ExternalStream), and the kernel runs on that stream."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cunorm._array, "_EXTERNAL_STREAMS", {})
+    s = torch.cuda.Stream()
+    seen = []
+    real = cunorm._array.framework_stream
+
+    def spy(*args, **kwargs):
+        with real(*args, **kwargs):
+            seen.append(cupy.cuda.get_current_stream().ptr)
+            yield
+
+    monkeypatch.setattr(cunorm._array, "framework_stream", contextlib.contextmanager(spy))
+    with torch.cuda.stream(s), warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        t = torch.randn(8, 300, device="cuda")
+        y = cunorm.softmax(t)
+    s.synchronize()
+    assert seen == [s.cuda_stream]
+    torch.testing.assert_close(y, torch.softmax(t, -1), atol=1e-6, rtol=1e-5)
 
 
 def test_torch_views_match_dlpack():
