@@ -428,3 +428,11 @@ def test_opspec_defaults_unchanged() -> None:
         "rms_norm_residual",
     ]  # fmt: skip
     assert isinstance(OPS["softmax"], OpSpec) and OPS["softmax"].runner is None
+
+
+def test_make_timer_rejects_unknown_choice() -> None:
+    """An unknown --timer value is refused before anything touches the GPU."""
+    from cunorm.bench.timing import make_timer
+
+    with pytest.raises(ValueError, match="unknown timer 'bogus'; expected auto, padded"):
+        make_timer("bogus")

@@ -107,9 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument(
         "--timer",
-        choices=["auto", "triton", "cupy"],
+        choices=["auto", "padded", "triton", "cupy"],
         default="auto",
-        help="GPU timer: triton.testing.do_bench or CuPy events (default: do_bench when it works)",
+        help="GPU timer: CuPy events with a GPU spin before each start event (auto, padded), "
+        "triton.testing.do_bench (triton) or CuPy events without the spin (cupy)",
     )
     p.add_argument(
         "--calls", type=int, default=10_000, help="calls per trial for 'overhead' (default: 10000)"

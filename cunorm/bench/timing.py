@@ -2,11 +2,17 @@
 
 Every GPU number in a report comes from one :class:`Timer` chosen once per run:
 
-* :class:`TritonTimer` wraps ``triton.testing.do_bench`` (CUDA events, 256 MB L2 flush before
-  every repetition, median). It is what the peer anchors in ``shared/anchors`` were taken with,
-  so our numbers stay comparable with theirs.
-* :class:`CupyEventTimer` does the same with CuPy events when Triton (or torch, which
-  ``do_bench`` needs) is missing.
+* :class:`CupyEventTimer` (the default) times as ``triton.testing.do_bench`` does (CUDA events,
+  a 256 MB L2 flush before every repetition, median) and keeps the GPU busy for PAD_US after
+  each flush, before the start event: the event pair then brackets the call's GPU work and
+  never the host's time to issue it.
+* :class:`TritonTimer` wraps ``do_bench`` itself (``--timer triton``): what the peer anchors in
+  ``shared/anchors`` were taken with. Its start event follows the flush, about 80 us of GPU
+  work on an H200; where issuing the call takes the host longer (a slow CPU state after an idle
+  period: cunorm's layer_norm with a residual took 46 instead of 24 us), the events measure the
+  host. H200, 49152 x 128 bfloat16 layer_norm with residual, after 15 s idle: do_bench 1738
+  GB/s, padded events 2604, do_bench again 2146; hot, both 2604-2648
+  (benchmarks/results/nvidia-h200-2026-11-22-timer-profile.txt).
 
 Both record events on the *legacy default stream*: CuPy's and PyTorch's current stream unless a
 caller changes it, so kernels launched by cunorm, CuPy, PyTorch and Triton all land between the
@@ -27,6 +33,30 @@ REP_MS = 100
 L2_FLUSH_BYTES = 256 * 2**20
 # Copy ceiling buffer: 1 GiB, far beyond L2, long enough that launch latency is noise.
 COPY_BYTES = 2**30
+# GPU time (us) the default timer spends spinning between each flush and the start event: with
+# the flush, ~180 us in which the host issues the call. The benchmark's implementations take
+# 10-50 us of host time a call, and their timings agree at 100, 300 and 1000 us; a call whose
+# host side took 150 us still leaked ~9 us into the events at 100 (H200: 12 us against 3.5 at
+# 1000, 104 with no spin; benchmarks/results/nvidia-h200-2026-11-22-timer-profile.txt).
+PAD_US = 100
+
+
+def _spin_kernel():
+    """A one-thread CuPy kernel that spins on the GPU's nanosecond timer for ``ns``."""
+    import cupy
+
+    return cupy.RawKernel(
+        r"""
+extern "C" __global__ void cunorm_bench_spin(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+""",
+        "cunorm_bench_spin",
+    )
 
 
 def gbps(nbytes: int, ms: float) -> float:
@@ -74,6 +104,16 @@ class CupyEventTimer:
 
     Mirrors ``do_bench``: estimate the time of one call, then run ``warmup_ms`` worth of
     untimed calls and ``rep_ms`` worth of timed ones (at least ``min_reps``), return the median.
+
+    Parameters
+    ----------
+    warmup_ms, rep_ms : float
+        Milliseconds of untimed, then timed, repetitions.
+    min_reps, max_reps : int
+        Bounds on the timed repetitions.
+    pad_us : float
+        GPU time spent spinning after each flush, before the start event (0: none, as
+        ``do_bench``), so the host has issued the call before the events start counting.
     """
 
     def __init__(
@@ -82,20 +122,27 @@ class CupyEventTimer:
         rep_ms: float = REP_MS,
         min_reps: int = 10,
         max_reps: int = 2000,
+        pad_us: float = 0.0,
     ) -> None:
         import cupy
 
+        pad = (f", then {pad_us:g} us of GPU spin so the events bracket the call's GPU work "
+               "and not the host's time to issue it" if pad_us > 0 else "")
         self.method = (
-            "CUDA events (CuPy) around each call, a 256 MB L2 flush before every repetition, "
-            f"{warmup_ms:g} ms warm-up, median of >= {rep_ms:g} ms of repetitions"
+            "CUDA events (CuPy) around each call, a 256 MB L2 flush before every repetition"
+            f"{pad}, {warmup_ms:g} ms warm-up, median of >= {rep_ms:g} ms of repetitions"
         )
         self._cupy = cupy
         self._flush_buf = cupy.empty(L2_FLUSH_BYTES, dtype=cupy.int8)
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
         self.min_reps, self.max_reps = min_reps, max_reps
+        self._pad_ns = int(pad_us * 1000)
+        self._spin = _spin_kernel() if self._pad_ns > 0 else None
 
     def _flush(self) -> None:
         self._flush_buf.fill(0)
+        if self._spin is not None:
+            self._spin((1,), (1,), (self._cupy.uint64(self._pad_ns),))
 
     def __call__(self, fn: Callable[[], Any]) -> float:
         cupy = self._cupy
@@ -133,34 +180,29 @@ def make_timer(
 
     Parameters
     ----------
-    prefer : {"auto", "triton", "cupy"}
-        ``"auto"`` uses ``do_bench`` when Triton and a CUDA-enabled torch import and a trial run
-        works, else CuPy events.
+    prefer : {"auto", "padded", "triton", "cupy"}
+        ``"auto"`` and ``"padded"``: CuPy events with PAD_US of GPU spin before each start
+        event (:class:`CupyEventTimer`); ``"triton"``: ``do_bench`` itself, as the peer anchors
+        were timed (needs Triton and a CUDA-enabled torch); ``"cupy"``: CuPy events without
+        the spin.
     log : callable
         Receives one line explaining a fallback.
     warmup_ms, rep_ms : float
         Milliseconds of untimed and of timed repetitions per measurement, for either timer.
     """
-    if prefer in ("auto", "triton"):
-        try:
-            import cupy
-            import torch
+    if prefer not in ("auto", "padded", "triton", "cupy"):
+        raise ValueError(f"unknown timer {prefer!r}; expected auto, padded, triton or cupy")
+    if prefer == "triton":
+        import cupy
+        import torch
 
-            if not torch.cuda.is_available():
-                raise RuntimeError("torch has no CUDA device")
-            timer = TritonTimer(warmup_ms, rep_ms)
-            probe = cupy.zeros(1024, dtype=cupy.float32)
-            timer(lambda: probe.fill(1.0))  # a broken do_bench should fail here, not mid-sweep
-            return timer
-        except Exception as exc:  # any failure means: fall back, with the reason shown
-            if prefer == "triton":
-                raise
-            msg = (str(exc).strip().splitlines() or [""])[0]
-            log(
-                f"timer: triton.testing.do_bench unusable ({type(exc).__name__}: {msg}); "
-                "using CuPy CUDA events with an L2 flush"
-            )
-    return CupyEventTimer(warmup_ms, rep_ms)
+        if not torch.cuda.is_available():
+            raise RuntimeError("timer 'triton': torch has no CUDA device")
+        timer = TritonTimer(warmup_ms, rep_ms)
+        probe = cupy.zeros(1024, dtype=cupy.float32)
+        timer(lambda: probe.fill(1.0))  # a broken do_bench should fail here, not mid-sweep
+        return timer
+    return CupyEventTimer(warmup_ms, rep_ms, pad_us=0.0 if prefer == "cupy" else PAD_US)
 
 
 def wall_clock_ms(
