@@ -41,7 +41,7 @@ QUICK_DECODE_LKS = (8192, 32768, 131072)
 DECODE_HQ, DECODE_HKV, DECODE_D = 32, 8, 128
 DECODE_BATCHES = (1,)
 MEMORY_L, MEMORY_H, MEMORY_D, MEMORY_DTYPE = 65536, 16, 128, "bfloat16"
-# do_bench budgets: long-L cells run ~10-20 ms per call, so a few timed calls suffice.
+# Timer budgets: long-L cells run ~10-20 ms per call, so a few timed calls suffice.
 WARMUP_MS, REP_MS = 10.0, 50.0
 # No GPU: cunorm's NumPy path on small float32 shapes.
 NUMPY_SEQLENS = (128, 256, 512)
