@@ -262,7 +262,7 @@ def _run_gpu(args: argparse.Namespace) -> int:
     if not ops:
         return 2
 
-    timer = make_timer(args.timer, log=notes)
+    timer = make_timer(args.timer)
     copy = copy_bandwidth(timer)
     meta.update(copy_gbps=copy, timer=timer.method)
     print(

@@ -370,7 +370,7 @@ def run_gpu(args: argparse.Namespace) -> int:
         return 2
     notes = Notes()
     meta: dict[str, Any] = run_meta(args.command)
-    timer = make_timer(args.timer, log=notes, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+    timer = make_timer(args.timer, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
     copy = copy_bandwidth(timer)
     meta.update(copy_gbps=copy, timer=timer.method)
     print(

@@ -172,7 +172,6 @@ class CupyEventTimer:
 
 def make_timer(
     prefer: str = "auto",
-    log: Callable[[str], None] = print,
     warmup_ms: float = WARMUP_MS,
     rep_ms: float = REP_MS,
 ) -> Timer:
@@ -185,8 +184,6 @@ def make_timer(
         event (:class:`CupyEventTimer`); ``"triton"``: ``do_bench`` itself, as the peer anchors
         were timed (needs Triton and a CUDA-enabled torch); ``"cupy"``: CuPy events without
         the spin.
-    log : callable
-        Receives one line explaining a fallback.
     warmup_ms, rep_ms : float
         Milliseconds of untimed and of timed repetitions per measurement, for either timer.
     """
