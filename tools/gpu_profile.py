@@ -21,6 +21,8 @@ host time of a CuPy launch by argument list;
 ``smem-blocks`` the smem path at fixed block sizes;
 ``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
 there with and without weight and bias (``affine-kernels``: one launch each, for ncu),
+``compile-kernels`` short norm rows against torch.compile (GB/s, then one launch each for ncu),
+``warp-groups`` short rows on narrower warp-path lane groups,
 ``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns);
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
@@ -59,6 +61,7 @@ COMMANDS = {
                                           24576),
     "carveout": norms.carveout, "affine-cost": norms.affine_cost,
     "affine-kernels": norms.affine_kernels,
+    "compile-kernels": norms.compile_kernels, "warp-groups": norms.warp_groups,
     "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
     "attention-groups": attn.attention_groups,

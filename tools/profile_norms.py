@@ -291,3 +291,107 @@ MID_BLOCK_VARIANTS = [("default", {}, None),
                       ("mid", _MID_CONSTS, "block"),
                       ("mid-t32", {**_MID_CONSTS, "BLOCK_TARGET_VALUES": 32}, "block"),
                       ("no-mid", {"BLOCK_MID": {}}, None), ("smem", {}, "smem")]
+
+
+# Short norm rows where torch.compile's kernels beat cunorm's on the GPU alone (rowops-profile
+# section 9), with softmax (which matches it there) for contrast.
+COMPILE_CASES = [("layer_norm", "float16", 256), ("rms_norm", "float16", 256),
+                 ("softmax", "float16", 256), ("layer_norm", "float16", 1024)]
+
+
+def compile_kernels(rows: int = 49152) -> None:
+    """cunorm against torch.compile on COMPILE_CASES: GPU-only GB/s (padded event timer), then,
+    under ``ncu --profile-from-start off``, one launch of each between profiler start and stop
+    (cunorm first, then Inductor's kernel, case by case)."""
+    from cunorm.bench.cases import make_case
+    from cunorm.bench.ops import OPS
+    from cunorm.bench.peers import TorchCompile
+    from cunorm.bench.timing import CupyEventTimer, gbps
+
+    timer = CupyEventTimer(pad_us=100)
+    compiled = TorchCompile()
+    calls = []
+    for op, dt, cols in COMPILE_CASES:
+        case = make_case(OPS[op], (rows, cols), dt)
+        fn = OPS[op].resolve()[0]
+        ours = functools.partial(case.cunorm, fn)
+        theirs = compiled.build(case)
+        ours(), theirs()
+        calls.append((f"{op} {dt} ({rows}, {cols})", case, ours, theirs))
+    cupy.cuda.runtime.deviceSynchronize()
+    for name, case, ours, theirs in calls:
+        a, b = gbps(case.nbytes, timer(ours)), gbps(case.nbytes, timer(theirs))
+        print(f"{name:32s} cunorm {a:5.0f} GB/s  torch.compile {b:5.0f} GB/s  {a / b:5.3f}x",
+              flush=True)
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.runtime.profilerStart()
+    for _, _, ours, theirs in calls:
+        for fn in (ours, theirs):
+            fn()
+            cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.runtime.profilerStop()
+
+
+# The warp path's lane groups (dispatcher WARP_GROUP_PACKS): 32 lanes past 32 packs, as before
+# session 23, against the narrowed groups: (name, WARP_GROUP_PACKS, extra compile options).
+WARP_GROUP_VARIANTS = [("32 lanes", {}, ()), ("narrow", {"norm": 2, "softmax": 2}, ())]
+WARP_GROUP_CASES = [
+    (op, dt, cols)
+    for op, dts in (("layer_norm", ("float16", "bfloat16", "float32")),
+                    ("rms_norm", ("float16", "bfloat16", "float32")),
+                    ("softmax", ("float16", "bfloat16", "float32")),
+                    ("log_softmax", ("float16", "float32")))
+    for dt in dts
+    for cols in (32, 64, 128, 256, 512, 1024) if cols <= (512 if dt == "float32" else 1024)]
+
+
+def warp_groups(rows: int = 49152, rounds: int = 2) -> None:
+    """GB/s (padded event timer) of WARP_GROUP_CASES on each WARP_GROUP_VARIANTS and on
+    torch.compile, ``rounds`` interleaved rounds, with each variant's warp configuration
+    (values a lane, lanes a row, rows a group) and the largest difference of its output from
+    the shipped build's (relative to the row's largest value)."""
+    import numpy as np
+
+    from cunorm.bench.cases import make_case
+    from cunorm.bench.ops import OPS
+    from cunorm.bench.peers import TorchCompile
+    from cunorm.bench.timing import CupyEventTimer, gbps
+
+    timer = CupyEventTimer(pad_us=100)
+    compiled = TorchCompile()
+    names = "".join(f"{n:>24s}" for n, _, _ in WARP_GROUP_VARIANTS)
+    print(f"case{' ' * 32}{names}   torch.compile", flush=True)
+    for op, dt, cols in WARP_GROUP_CASES:
+        case = make_case(OPS[op], (rows, cols), dt)
+        fn = OPS[op].resolve()[0]
+        theirs = compiled.build(case)
+        theirs()
+        ref, cells = None, []
+        family = "softmax" if op in _dispatch.SOFTMAX_OPS else "norm"
+        for name, consts, opts in WARP_GROUP_VARIANTS:
+            _build_with(opts)
+            with _dispatch.override_constants({"WARP_GROUP_PACKS": consts}):
+                out = case.cunorm(fn)
+                out = out[0] if isinstance(out, tuple) else out
+                cfg = _dispatch.warp_config(cols, 16 // out.dtype.itemsize, 4, family,
+                                            narrow=not op.endswith("residual"))
+            got = cupy.asnumpy(out.astype(cupy.float32))
+            if ref is None:
+                ref = got
+            scale = np.maximum(np.abs(ref).max(axis=1, keepdims=True), 1e-30)
+            err = float(np.nanmax(np.abs(got - ref) / scale))
+            cells.append([name, consts, opts, ",".join(map(str, cfg or ("-",))), err, []])
+        peer = []
+        for _ in range(rounds):
+            for cell in cells:
+                _build_with(cell[2])
+                with _dispatch.override_constants({"WARP_GROUP_PACKS": cell[1]}):
+                    cell[5].append(gbps(case.nbytes, timer(functools.partial(case.cunorm, fn))))
+            peer.append(gbps(case.nbytes, timer(theirs)))
+        line = f"{op:19s} {dt:8s} {cols:5d}"
+        for _, _, _, cfg, err, rates in cells:
+            line += f"  {'/'.join(f'{r:.0f}' for r in rates):>9s} {cfg:>8s} {err:.0e}"
+        print(line + f"   {'/'.join(f'{r:.0f}' for r in peer)}", flush=True)
+        del case, theirs
+        cupy.get_default_memory_pool().free_all_blocks()
+    _build_with(())
