@@ -12,13 +12,15 @@
 //   second: A s2 = sum of second(v, s1) (which may replace v by a value to keep)
 //   output: Fin fin = finish(s1, s2, cols); y = fin.kept(v) from the kept value, fin(x) from x
 // softmax: max, then the sum of exp(x - max) (keeping the exps); layer_norm: the mean, then the
-// sum of squared deviations (the exact two-pass variance: no cancellation); rms_norm: the sum
-// of squares only. The uncached paths fold a row once into OP::Online instead (online softmax,
-// Welford/Chan, sum of squares) and end with finish_online(state, cols).
+// sum of squared deviations (the exact two-pass variance: no cancellation; keeping the
+// deviations); rms_norm: the sum of squares only. The uncached paths fold a row once into
+// OP::Online instead (online softmax, Welford/Chan, sum of squares) and end with
+// finish_online(state, cols).
 //   typedefs  C (compute), A (accumulator), S1, R1 (reduction of S1), Online, Fin
 //   constants kFirst; kPadSafe (second() of the padding value adds nothing, so padding slots
-//             need no mask); Keeps<RAW>::value (the smem path may overwrite its cached raw
-//             packs with the kept values)
+//             need no mask); kZeroPad (pad() is 0, the value of a zeroed raw pack, so the
+//             warp path leaves padding slots as loaded); Keeps<RAW>::value (the smem path
+//             may overwrite its cached raw packs with the kept values)
 //   pad()     value of the register slots past the end of a row
 //   write_stats(row, fin)  per-row outputs (mean, rstd), by one thread per row
 // The LOAD functor moves the input (DirectLoad; ResidualLoad forms x + r), the STORE functor
@@ -119,6 +121,9 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   C buf[ROWS][COLS];
   // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
   // past the end are masked instead.
+  // 32-bit columns, as on the block path: a warp-path row has at most 32 x 48 of them.
+  typedef unsigned ColT;
+  const ColT ncols = static_cast<ColT>(cols);
   for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
     const i64 row0 = base + group_in_warp * ROWS;
     // load_packs over the ROWS x NPACK packs, written out: through the helper (pack u of row
@@ -129,17 +134,17 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
-        if (row0 + r < rows && col < cols) raw[r][p] = load.template fetch<PACK>(row0 + r, col);
+        const ColT col = (static_cast<ColT>(p) * GROUP + lane) * PACK;
+        if (row0 + r < rows && col < ncols) raw[r][p] = load.template fetch<PACK>(row0 + r, col);
       }
     }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
+        const ColT col = (static_cast<ColT>(p) * GROUP + lane) * PACK;
         load.template convert<PACK>(raw[r][p], buf[r] + p * PACK, row0 + r, col);
-        if (row0 + r >= rows || col >= cols) {
+        if (!OP::kZeroPad && (row0 + r >= rows || col >= ncols)) {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
         }
@@ -161,7 +166,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       s2[r] = A{};
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const bool valid = OP::kPadSafe || (static_cast<i64>(p) * GROUP + lane) * PACK < cols;
+        const bool valid = OP::kPadSafe || (static_cast<ColT>(p) * GROUP + lane) * PACK < ncols;
 #pragma unroll
         for (int i = 0; i < PACK; ++i) {
           const A t = op.second(buf[r][p * PACK + i], s1[r]);
@@ -180,8 +185,8 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       for (int i = 0; i < COLS; ++i) buf[r][i] = fin.kept(buf[r][i]);
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const i64 col = (static_cast<i64>(p) * GROUP + lane) * PACK;
-        if (col < cols) store.template store<PACK>(buf[r] + p * PACK, row, col);
+        const ColT col = (static_cast<ColT>(p) * GROUP + lane) * PACK;
+        if (col < ncols) store.template store<PACK>(buf[r] + p * PACK, row, col);
       }
     }
   }

@@ -61,6 +61,22 @@ WARP_MAX_VALUES_PER_THREAD = {4: 48, 8: 32}
 # Values per thread are rounded up to pack * k, k from this set, to bound the number of
 # instantiations (padding wastes registers, not memory traffic).
 WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+# Lane groups of the warp path, for rows of at least WARP_GROUP_MIN_PACKS full (16-byte) packs:
+# the narrowest group (1 to 32 lanes) whose lanes hold at most WARP_GROUP_PACKS packs, by
+# kernel family (the residual norms keep 32-lane groups; :func:`narrow_groups`). A group of G
+# lanes holds a row, so a warp runs 32 / G rows in the same instructions and pays a row's fixed
+# work (indices, shuffles, finish) once for all of them. ncu, H200, layer_norm float16
+# (49152, 256): 13.5M instructions on 32-lane groups against 4.2M for torch.compile's kernel
+# (4 rows a warp), 18.4 against 13.5 us. H200, 49152 rows, weight and bias, GB/s, 32-lane
+# groups -> 2 packs a lane (tools/gpu_profile.py warp-groups;
+# benchmarks/results/nvidia-h200-2026-11-22-rowops-profile.txt section 10):
+#   layer_norm float16 128 1860 -> 2030, 256 2300 -> 2630; bfloat16 256 2210 -> 2520;
+#              float32 128 2590 -> 2790; rms_norm float16 64 1290 -> 1400, 256 2570 -> 2765
+#   softmax float16 256 2820 -> 2860, log_softmax float16 256 2760 -> 2860, but softmax float16
+#   64 1600 -> 1480 (hence its minimum of 32 packs); rms_norm float32 32 / 64 lost 1-2%;
+#   layer_norm and rms_norm with a residual lost 1-5% at 64-256 columns.
+WARP_GROUP_PACKS = {"norm": 2, "softmax": 2}
+WARP_GROUP_MIN_PACKS = {"norm": 4, "softmax": 32}
 WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128, 4) in softmax.cu)
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
@@ -381,10 +397,33 @@ def value_cap(family: str, path: str, cbytes: int, pack: int) -> int:
     return BLOCK_MAX_VALUES[cbytes]
 
 
-def warp_config(cols: int, pack: int, cbytes: int,
-                family: str = "softmax") -> tuple[int, int, int] | None:
+def narrow_groups(src: str, dst: str, pack: int, residual: bool = False) -> bool:
+    """Whether the warp path may narrow its lane groups (WARP_GROUP_PACKS): rows in full
+    16-byte packs, the residual norms excepted (measured only there)."""
+    return not residual and full_packs(src, dst, pack)
+
+
+def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
+                narrow: bool = False) -> tuple[int, int, int] | None:
     """(values per thread, group width, rows per group) for the warp path, or None if the
-    row does not fit in registers (:func:`value_cap`)."""
+    row does not fit in registers (:func:`value_cap`). ``narrow``: :func:`narrow_groups`.
+
+    Examples
+    --------
+    >>> warp_config(256, 8, 4, "norm", narrow=True)  # float16 layer_norm: 16 lanes of 2 packs
+    (16, 16, 1)
+    >>> warp_config(256, 8, 4, "norm")  # with a residual
+    (8, 32, 1)
+    >>> warp_config(64, 8, 4, "softmax", narrow=True)  # tiny rows: 8 lanes, 2 rows a group
+    (8, 8, 2)
+    """
+    target = WARP_GROUP_PACKS.get(family, 0) if narrow else 0
+    if target and cols >= WARP_GROUP_MIN_PACKS.get(family, 0) * pack:
+        # The narrowest group whose lanes hold at most `target` packs.
+        for group in (1, 2, 4, 8, 16, 32):
+            k = _cdiv(_cdiv(cols, group), pack)
+            if k <= target and k * pack <= value_cap(family, "warp", cbytes, pack):
+                return k * pack, group, 1
     if cols <= 32 * pack:
         group = max(1, _next_pow2(_cdiv(cols, pack)))
         # tiny rows: two rows per group, so a warp keeps as many loads in flight
@@ -499,7 +538,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
     if path is None:
         path = _choose_row_path(op, family, src, dst, cols, pack, cbytes, props, residual)
     if path == "warp":
-        cfg = warp_config(cols, pack, cbytes, family)
+        cfg = warp_config(cols, pack, cbytes, family, narrow_groups(src, dst, pack, residual))
         if cfg is None:
             raise ValueError(f"path 'warp' cannot hold cols={cols} in registers")
         per_thread, group, rows_per_group = cfg
@@ -594,7 +633,9 @@ def auto_block_config(op: str, src: str, dst: str, cols: int, pack: int, arch: i
 def _choose_row_path(op: str, family: str, src: str, dst: str, cols: int, pack: int,
                      cbytes: int, props: DeviceProps, residual: bool = False) -> str:
     isz = ITEMSIZE[src]
-    if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family) is not None:
+    narrow = narrow_groups(src, dst, pack, residual)
+    if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family,
+                                                  narrow) is not None:
         return "warp"
     if auto_block_config(op, src, dst, cols, pack, props.arch, residual) is not None:
         return "block"
@@ -714,18 +755,19 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
 
 
 # --- every instantiation ----------------------------------------------------------------
-def _row_heads() -> list[tuple[str, str, str, str, int, int]]:
-    """(family, head, src, dst, pack item size, compute bytes) of every row-kernel head."""
+def _row_heads() -> list[tuple[str, str, str, str, int, int, bool]]:
+    """(family, head, src, dst, pack item size, compute bytes, residual) of every row-kernel
+    head."""
     out = []
     for src, dst in KERNEL_DTYPE_PAIRS:
         for op in SOFTMAX_OPS:
             out.append((*kernel_head(op, src, dst), src, dst,
-                        max(ITEMSIZE[src], ITEMSIZE[dst]), compute_bytes(src, dst)))
+                        max(ITEMSIZE[src], ITEMSIZE[dst]), compute_bytes(src, dst), False))
     for src in CTYPE:
         for op in NORM_OPS:
             for residual in (False, True):
                 out.append((*kernel_head(op, src, src, residual), src, src, ITEMSIZE[src],
-                            compute_bytes(src, src)))
+                            compute_bytes(src, src), residual))
     return out
 
 
@@ -735,10 +777,11 @@ def all_kernel_names(arch: int) -> list[str]:
     names: set[str] = set()
     clusters = CLUSTER_SIZES if arch >= 90 else ()
     row_clusters = ROW_CLUSTER_SIZES if arch >= 90 else ()
-    for family, head, src, dst, isz, cbytes in _row_heads():
+    for family, head, src, dst, isz, cbytes, residual in _row_heads():
         for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16):
             for cols in range(pack, 64 * pack * 32 + 1, pack):
-                cfg = warp_config(cols, pack, cbytes, family)
+                cfg = warp_config(cols, pack, cbytes, family,
+                                  narrow_groups(src, dst, pack, residual))
                 if cfg is not None:
                     names.add(f"cunorm::{family}_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
                               f"{cfg[2]}>")

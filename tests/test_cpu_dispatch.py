@@ -136,7 +136,7 @@ def test_pick_block_keeps_occupancy_of_smallest_block() -> None:
         (5, 16, 1, 8, 2), (6, 16, 2, 4, 2), (8, 16, 4, 2, 2), (12, 16, 4, 4, 2),
         (16, 16, 4, 4, 2), (17, 16, 1, 32, 1), (31, 16, 1, 32, 1), (32, 16, 4, 8, 2),
         (32, 1, 1, 32, 1), (32, 2, 2, 16, 2), (64, 16, 4, 16, 2), (68, 16, 4, 32, 1),
-        (128, 16, 4, 32, 1), (9, 16, 1, 16, 2),
+        (96, 16, 4, 32, 1), (9, 16, 1, 16, 2),
     ],
 )
 def test_warp_tiny_rows_float32(cols: int, align: int, pack: int, group: int,
@@ -148,20 +148,60 @@ def test_warp_tiny_rows_float32(cols: int, align: int, pack: int, group: int,
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_warp_tiny_rows_every_group_width(src: str, dst: str) -> None:
-    """Rows up to 32 packs: one pack per lane, the narrowest power-of-two group that covers
-    the row, two rows per group below a full warp."""
+    """Rows up to 32 packs that the warp path does not narrow (WARP_GROUP_PACKS): one pack per
+    lane, the narrowest power-of-two group that covers the row, two rows per group below a
+    full warp."""
     widths = set()
     for align in (1, 16):
         for cols in range(1, 257):
             plan = rows_plan(cols, src, dst, align=align)
             pack, per_thread, group, rpg = warp_args(plan)
-            if cols > 32 * pack:
+            narrowed = d.narrow_groups(src, dst, pack) and (
+                cols >= d.WARP_GROUP_MIN_PACKS["softmax"] * pack)
+            if cols > 32 * pack or narrowed:
                 continue
             widths.add(group)
             assert per_thread == pack
             assert group * pack >= cols > group // 2 * pack
             assert rpg == (2 if group < 32 else 1)
     assert widths == {1, 2, 4, 8, 16, 32}
+
+
+def _warp_row_config(op: str, src: str, cols: int, align: int = 16,
+                     residual: bool = False) -> tuple[int, int, int, int]:
+    """(pack, values per thread, group width, rows per group) of a warp plan of any op."""
+    plan = d.plan_rows(op, src, src, 4096, cols, align, H100, fake_occ(H100), "warp", residual)
+    args = template_args(plan.kernel)[1]
+    return int(args[-4]), int(args[-3]), int(args[-2]), int(args[-1])
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
+def test_warp_groups_narrow(op: str, src: str) -> None:
+    """Rows of full packs from WARP_GROUP_MIN_PACKS packs on take the narrowest group whose
+    lanes hold at most WARP_GROUP_PACKS packs (one row a group); from 32 x that many packs
+    on, 32 lanes as before. Scalar packs and the residual norms never narrow."""
+    family = "softmax" if op in d.SOFTMAX_OPS else "norm"
+    most, least = d.WARP_GROUP_PACKS[family], d.WARP_GROUP_MIN_PACKS[family]
+    full = 16 // ITEMSIZE[src]
+    seen = set()
+    for npacks in range(least, 32 * most + 1):
+        pack, per_thread, group, rpg = _warp_row_config(op, src, npacks * full)
+        k = per_thread // pack
+        assert pack == full and rpg == 1 and k <= most and group * k >= npacks, npacks
+        assert group == 1 or (group // 2) * most < npacks, npacks  # the narrowest
+        seen.add(group)
+    assert seen == {g for g in (1, 2, 4, 8, 16, 32) if g * most >= least}
+    # below the minimum, with scalar packs and with a residual: the groups of every other row
+    with d.override_constants({"WARP_GROUP_PACKS": {}}):
+        legacy = {(cols, align, res): _warp_row_config(op, src, cols, align, res)
+                  for cols in (full * max(1, least - 1), 16 * full, 32 * full, 33)
+                  for align in (1, 16) for res in ((False, True) if family == "norm" else (False,))}
+    for (cols, align, res), cfg in legacy.items():
+        pack = cfg[0]
+        if pack == full and not res and cols >= least * pack:
+            continue
+        assert _warp_row_config(op, src, cols, align, res) == cfg, (cols, align, res)
 
 
 @pytest.mark.parametrize(
@@ -222,9 +262,11 @@ def test_warp_grid_is_one_block_per_row_groups() -> None:
     # group 1, 2 rows per group: 128 / 1 * 2 = 256 rows per block
     assert rows_plan(1, rows=1000).grid == 4
     # group 32, 1 row per group: 4 rows per block
-    assert rows_plan(128, rows=1000).grid == 250
-    assert rows_plan(128, rows=10**7).grid == 2_500_000
-    assert rows_plan(128, rows=2**40).grid == d.MAX_GRID  # the kernel loops beyond it
+    assert rows_plan(68, rows=1000).grid == 250
+    assert rows_plan(68, rows=10**7).grid == 2_500_000
+    assert rows_plan(68, rows=2**40).grid == d.MAX_GRID  # the kernel loops beyond it
+    # group 16 (a float32 row of 128 cols on 2 packs a lane): 8 rows per block
+    assert rows_plan(128, rows=1000).grid == 125
 
 
 def test_forced_warp_too_long_raises() -> None:

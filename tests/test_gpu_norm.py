@@ -28,11 +28,12 @@ STATS_RTOL = {"float16": 1e-5, "bfloat16": 1e-5, "float32": 1e-5, "float64": 1e-
 OPS = ("layer_norm", "rms_norm")
 DEFAULT_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
 
-# Column counts on every regime boundary: tiny groups, pack multiples +-1, warp limits +-1
+# Column counts on every regime boundary: tiny groups, pack multiples +-1, narrowed warp
+# groups with padding packs (40, 136, 200: 5, 17, 25 packs of 16-bit data), warp limits +-1
 # (768 / 1024 / 1536 by item size), block sizes, smem capacity edges, 2^16 + 1.
-BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511,
-                 512, 513, 767, 768, 769, 1000, 1023, 1024, 1025, 1535, 1536, 1537, 2047, 2048,
-                 2049, 4095, 4097, 12288, 16384, 16385, 32767, 57344, 65537]
+BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 40, 63, 64, 65, 127, 128, 129, 136, 200, 255,
+                 256, 257, 511, 512, 513, 767, 768, 769, 1000, 1023, 1024, 1025, 1535, 1536,
+                 1537, 2047, 2048, 2049, 4095, 4097, 12288, 16384, 16385, 32767, 57344, 65537]
 ROW_PATHS = list(_dispatch.ROW_PATHS)
 
 
