@@ -77,7 +77,14 @@ WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32,
 #   layer_norm and rms_norm with a residual lost 1-5% at 64-256 columns.
 WARP_GROUP_PACKS = {"norm": 2, "softmax": 2}
 WARP_GROUP_MIN_PACKS = {"norm": 4, "softmax": 32}
-WARP_BLOCK = 128  # threads per block of the warp kernel (__launch_bounds__(128, 4) in softmax.cu)
+# Threads per block of the warp kernels (compiled __launch_bounds__(128, 4): at most 128). A
+# block holds its SM slot until its last warp ends; two warps a block free it sooner than four.
+# H200, GB/s, 128 -> 64 (-> 32) threads, two rounds (tools/gpu_profile.py warp-blocks,
+# rowops-profile section 10e): softmax float16 1024 cols 3738 -> 3798 (3807), float32 512
+# 3756 -> 3814, layer_norm float16 1024 3714 -> 3752, 512 3187 -> 3216, rms_norm bfloat16 1024
+# 3718 -> 3771; rows of 32-256 cols within 1%. 32 threads lost 10-17% from 128 to 512 cols (32
+# resident blocks an SM, so at most 32 warps).
+WARP_BLOCK = 64
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
@@ -788,7 +795,7 @@ def all_kernel_names(arch: int) -> list[str]:
             threads = block_threads(family, src, dst, pack)
             top = max(BLOCK_THREADS[-1] * BLOCK_MAX_VALUES[cbytes],
                       BLOCK_WIDE_THREADS[-1] * BLOCK_TARGET_VALUES)
-            for cols in range(WARP_BLOCK, top + 1, pack * 32):
+            for cols in range(BLOCK_THREADS[0], top + 1, pack * 32):
                 bcfg = block_config(cols, pack, cbytes, family, threads)
                 if bcfg is not None:
                     names.add(f"cunorm::{family}_block<{head}, {pack}, {bcfg[1]}>")

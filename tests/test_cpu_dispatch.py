@@ -259,14 +259,15 @@ def test_warp_limit(src: str, dst: str, props: DeviceProps, align: int) -> None:
 
 
 def test_warp_grid_is_one_block_per_row_groups() -> None:
-    # group 1, 2 rows per group: 128 / 1 * 2 = 256 rows per block
-    assert rows_plan(1, rows=1000).grid == 4
-    # group 32, 1 row per group: 4 rows per block
-    assert rows_plan(68, rows=1000).grid == 250
-    assert rows_plan(68, rows=10**7).grid == 2_500_000
+    assert d.WARP_BLOCK == 64
+    # group 1, 2 rows per group: 64 / 1 * 2 = 128 rows per block
+    assert rows_plan(1, rows=1000).grid == 8
+    # group 32, 1 row per group: 2 rows per block
+    assert rows_plan(68, rows=1000).grid == 500
+    assert rows_plan(68, rows=10**7).grid == 5_000_000
     assert rows_plan(68, rows=2**40).grid == d.MAX_GRID  # the kernel loops beyond it
-    # group 16 (a float32 row of 128 cols on 2 packs a lane): 8 rows per block
-    assert rows_plan(128, rows=1000).grid == 125
+    # group 16 (a float32 row of 128 cols on 2 packs a lane): 4 rows per block
+    assert rows_plan(128, rows=1000).grid == 250
 
 
 def test_forced_warp_too_long_raises() -> None:

@@ -22,7 +22,7 @@ host time of a CuPy launch by argument list;
 ``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
 there with and without weight and bias (``affine-kernels``: one launch each, for ncu),
 ``compile-kernels`` short norm rows against torch.compile (GB/s, then one launch each for ncu),
-``warp-groups`` short rows on narrower warp-path lane groups,
+``warp-groups`` short rows on narrower warp-path lane groups (``warp-blocks``: on smaller blocks),
 ``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns);
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
@@ -62,6 +62,7 @@ COMMANDS = {
     "carveout": norms.carveout, "affine-cost": norms.affine_cost,
     "affine-kernels": norms.affine_kernels,
     "compile-kernels": norms.compile_kernels, "warp-groups": norms.warp_groups,
+    "warp-blocks": lambda: norms.warp_groups(norms.WARP_BLOCK_VARIANTS),
     "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
     "attention-groups": attn.attention_groups,

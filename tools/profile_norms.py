@@ -333,8 +333,11 @@ def compile_kernels(rows: int = 49152) -> None:
 
 
 # The warp path's lane groups (dispatcher WARP_GROUP_PACKS): 32 lanes past 32 packs, as before
-# session 23, against the narrowed groups: (name, WARP_GROUP_PACKS, extra compile options).
-WARP_GROUP_VARIANTS = [("32 lanes", {}, ()), ("narrow", {"norm": 2, "softmax": 2}, ())]
+# session 23, against the narrowed groups; and its blocks of 128 threads against 64 and 32
+# (WARP_BLOCK): (name, dispatcher constants, extra compile options).
+WARP_GROUP_VARIANTS = [("32 lanes", {"WARP_GROUP_PACKS": {}}, ()), ("narrow", {}, ())]
+WARP_BLOCK_VARIANTS = [("block 128", {}, ()), ("block 64", {"WARP_BLOCK": 64}, ()),
+                       ("block 32", {"WARP_BLOCK": 32}, ())]
 WARP_GROUP_CASES = [
     (op, dt, cols)
     for op, dts in (("layer_norm", ("float16", "bfloat16", "float32")),
@@ -345,11 +348,11 @@ WARP_GROUP_CASES = [
     for cols in (32, 64, 128, 256, 512, 1024) if cols <= (512 if dt == "float32" else 1024)]
 
 
-def warp_groups(rows: int = 49152, rounds: int = 2) -> None:
-    """GB/s (padded event timer) of WARP_GROUP_CASES on each WARP_GROUP_VARIANTS and on
+def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2) -> None:
+    """GB/s (padded event timer) of WARP_GROUP_CASES on each of ``variants`` and on
     torch.compile, ``rounds`` interleaved rounds, with each variant's warp configuration
     (values a lane, lanes a row, rows a group) and the largest difference of its output from
-    the shipped build's (relative to the row's largest value)."""
+    the first variant's (relative to the row's largest value)."""
     import numpy as np
 
     from cunorm.bench.cases import make_case
@@ -359,7 +362,7 @@ def warp_groups(rows: int = 49152, rounds: int = 2) -> None:
 
     timer = CupyEventTimer(pad_us=100)
     compiled = TorchCompile()
-    names = "".join(f"{n:>24s}" for n, _, _ in WARP_GROUP_VARIANTS)
+    names = "".join(f"{n:>24s}" for n, _, _ in variants)
     print(f"case{' ' * 32}{names}   torch.compile", flush=True)
     for op, dt, cols in WARP_GROUP_CASES:
         case = make_case(OPS[op], (rows, cols), dt)
@@ -368,9 +371,9 @@ def warp_groups(rows: int = 49152, rounds: int = 2) -> None:
         theirs()
         ref, cells = None, []
         family = "softmax" if op in _dispatch.SOFTMAX_OPS else "norm"
-        for name, consts, opts in WARP_GROUP_VARIANTS:
+        for name, consts, opts in variants:
             _build_with(opts)
-            with _dispatch.override_constants({"WARP_GROUP_PACKS": consts}):
+            with _dispatch.override_constants(consts):
                 out = case.cunorm(fn)
                 out = out[0] if isinstance(out, tuple) else out
                 cfg = _dispatch.warp_config(cols, 16 // out.dtype.itemsize, 4, family,
@@ -385,7 +388,7 @@ def warp_groups(rows: int = 49152, rounds: int = 2) -> None:
         for _ in range(rounds):
             for cell in cells:
                 _build_with(cell[2])
-                with _dispatch.override_constants({"WARP_GROUP_PACKS": cell[1]}):
+                with _dispatch.override_constants(cell[1]):
                     cell[5].append(gbps(case.nbytes, timer(functools.partial(case.cunorm, fn))))
             peer.append(gbps(case.nbytes, timer(theirs)))
         line = f"{op:19s} {dt:8s} {cols:5d}"
