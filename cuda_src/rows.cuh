@@ -121,9 +121,9 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   C buf[ROWS][COLS];
   // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
   // past the end are masked instead.
-  // 32-bit columns, as on the block path: a warp-path row has at most 32 x 48 of them.
-  typedef unsigned ColT;
-  const ColT ncols = static_cast<ColT>(cols);
+  // Column of pack p: 32-bit, as on the block path (a warp-path row has at most 32 x 48).
+  const unsigned ncols = static_cast<unsigned>(cols);
+  const auto pack_col = [&](int p) { return (static_cast<unsigned>(p) * GROUP + lane) * PACK; };
   for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
     const i64 row0 = base + group_in_warp * ROWS;
     // load_packs over the ROWS x NPACK packs, written out: through the helper (pack u of row
@@ -134,7 +134,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const ColT col = (static_cast<ColT>(p) * GROUP + lane) * PACK;
+        const unsigned col = pack_col(p);
         if (row0 + r < rows && col < ncols) raw[r][p] = load.template fetch<PACK>(row0 + r, col);
       }
     }
@@ -142,7 +142,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const ColT col = (static_cast<ColT>(p) * GROUP + lane) * PACK;
+        const unsigned col = pack_col(p);
         load.template convert<PACK>(raw[r][p], buf[r] + p * PACK, row0 + r, col);
         if (!OP::kZeroPad && (row0 + r >= rows || col >= ncols)) {
 #pragma unroll
@@ -166,7 +166,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       s2[r] = A{};
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const bool valid = OP::kPadSafe || (static_cast<ColT>(p) * GROUP + lane) * PACK < ncols;
+        const bool valid = OP::kPadSafe || pack_col(p) < ncols;
 #pragma unroll
         for (int i = 0; i < PACK; ++i) {
           const A t = op.second(buf[r][p * PACK + i], s1[r]);
@@ -185,7 +185,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       for (int i = 0; i < COLS; ++i) buf[r][i] = fin.kept(buf[r][i]);
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
-        const ColT col = (static_cast<ColT>(p) * GROUP + lane) * PACK;
+        const unsigned col = pack_col(p);
         if (col < ncols) store.template store<PACK>(buf[r] + p * PACK, row, col);
       }
     }

@@ -406,7 +406,7 @@ def value_cap(family: str, path: str, cbytes: int, pack: int) -> int:
 
 def narrow_groups(src: str, dst: str, pack: int, residual: bool = False) -> bool:
     """Whether the warp path may narrow its lane groups (WARP_GROUP_PACKS): rows in full
-    16-byte packs, the residual norms excepted (measured only there)."""
+    16-byte packs (where it was measured), except the residual norms (which lost 1-5%)."""
     return not residual and full_packs(src, dst, pack)
 
 

@@ -334,10 +334,10 @@ def compile_kernels(rows: int = 49152) -> None:
 
 # The warp path's lane groups (dispatcher WARP_GROUP_PACKS): 32 lanes past 32 packs, as before
 # session 23, against the narrowed groups; and its blocks of 128 threads against 64 and 32
-# (WARP_BLOCK): (name, dispatcher constants, extra compile options).
-WARP_GROUP_VARIANTS = [("32 lanes", {"WARP_GROUP_PACKS": {}}, ()), ("narrow", {}, ())]
-WARP_BLOCK_VARIANTS = [("block 128", {}, ()), ("block 64", {"WARP_BLOCK": 64}, ()),
-                       ("block 32", {"WARP_BLOCK": 32}, ())]
+# (WARP_BLOCK): (name, dispatcher constants).
+WARP_GROUP_VARIANTS = [("32 lanes", {"WARP_GROUP_PACKS": {}}), ("narrow", {})]
+WARP_BLOCK_VARIANTS = [("block 128", {"WARP_BLOCK": 128}), ("block 64", {"WARP_BLOCK": 64}),
+                       ("block 32", {"WARP_BLOCK": 32})]
 WARP_GROUP_CASES = [
     (op, dt, cols)
     for op, dts in (("layer_norm", ("float16", "bfloat16", "float32")),
@@ -362,7 +362,7 @@ def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2
 
     timer = CupyEventTimer(pad_us=100)
     compiled = TorchCompile()
-    names = "".join(f"{n:>24s}" for n, _, _ in variants)
+    names = "".join(f"{n:>24s}" for n, _ in variants)
     print(f"case{' ' * 32}{names}   torch.compile", flush=True)
     for op, dt, cols in WARP_GROUP_CASES:
         case = make_case(OPS[op], (rows, cols), dt)
@@ -371,30 +371,28 @@ def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2
         theirs()
         ref, cells = None, []
         family = "softmax" if op in _dispatch.SOFTMAX_OPS else "norm"
-        for name, consts, opts in variants:
-            _build_with(opts)
+        for name, consts in variants:
             with _dispatch.override_constants(consts):
                 out = case.cunorm(fn)
                 out = out[0] if isinstance(out, tuple) else out
-                cfg = _dispatch.warp_config(cols, 16 // out.dtype.itemsize, 4, family,
-                                            narrow=not op.endswith("residual"))
+                pack = 16 // out.dtype.itemsize
+                cfg = _dispatch.warp_config(cols, pack, 4, family, _dispatch.narrow_groups(
+                    dt, dt, pack, op.endswith("residual")))
             got = cupy.asnumpy(out.astype(cupy.float32))
             if ref is None:
                 ref = got
             scale = np.maximum(np.abs(ref).max(axis=1, keepdims=True), 1e-30)
             err = float(np.nanmax(np.abs(got - ref) / scale))
-            cells.append([name, consts, opts, ",".join(map(str, cfg or ("-",))), err, []])
+            cells.append([name, consts, ",".join(map(str, cfg or ("-",))), err, []])
         peer = []
         for _ in range(rounds):
             for cell in cells:
-                _build_with(cell[2])
                 with _dispatch.override_constants(cell[1]):
-                    cell[5].append(gbps(case.nbytes, timer(functools.partial(case.cunorm, fn))))
+                    cell[4].append(gbps(case.nbytes, timer(functools.partial(case.cunorm, fn))))
             peer.append(gbps(case.nbytes, timer(theirs)))
         line = f"{op:19s} {dt:8s} {cols:5d}"
-        for _, _, _, cfg, err, rates in cells:
+        for _, _, cfg, err, rates in cells:
             line += f"  {'/'.join(f'{r:.0f}' for r in rates):>9s} {cfg:>8s} {err:.0e}"
         print(line + f"   {'/'.join(f'{r:.0f}' for r in peer)}", flush=True)
         del case, theirs
         cupy.get_default_memory_pool().free_all_blocks()
-    _build_with(())
