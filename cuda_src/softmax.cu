@@ -285,13 +285,13 @@ __global__ void __launch_bounds__(256, 4) softmax_strided(const SRC* x, DST* y, 
 }
 
 #ifdef CUNORM_SM90
-template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
+template <typename SRC, typename DST, bool LOG, int PACK, bool CACHE, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, 3)
     softmax_strided_cluster(const SRC* x, DST* y, i64 outer, i64 dim, i64 inner, i64 ldx_outer,
                             i64 ldx_dim, i64 ldy_outer, i64 ldy_dim, int tx_count) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_strided_impl<SRC, DST, C, LOG, PACK, true, CLUSTER>(x, y, outer, dim, inner, ldx_outer,
-                                                             ldx_dim, ldy_outer, ldy_dim, tx_count);
+  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE, CLUSTER>(x, y, outer, dim, inner, ldx_outer,
+                                                              ldx_dim, ldy_outer, ldy_dim, tx_count);
 }
 #endif
 

@@ -178,12 +178,28 @@ SMEM_SLICE_PREFERRED_BYTES = 32 * 1024
 # Uncached rows on sm_90 are split over the smallest cluster whose slices are at most this
 # many bytes, so the rows in flight (and their second read) stay in L2.
 UNCACHED_SLICE_MAX_BYTES = 128 * 1024
-# Strided path (non-last axis): tiles at least this wide per dim row (whole 32-byte sectors,
-# full 128-byte lines where inner allows), threads walking about this many dim rows each, and
-# the largest (dim slice, tile) slab one block caches before a cluster splits dim.
-STRIDED_MIN_TILE_BYTES = 128
-STRIDED_MAX_TX = 256
+# Strided path (non-last axis). A tile is at least STRIDED_MIN_TILE_BYTES wide per dim row
+# (wider when dim is short, so each thread still walks about STRIDED_ROWS_PER_THREAD dim rows);
+# its (dim slice, tile) slab is cached by one block, or on sm_90 split over the smallest
+# cluster whose slices fit STRIDED_SLICE_PREFERRED_BYTES, then with STRIDED_NARROW_TILE_BYTES
+# tiles (one 32-byte sector a dim row), then either again within STRIDED_SLICE_MAX_BYTES;
+# past that x is read twice, split over the same clusters. Small blocks with small slices
+# keep a block's load, reduce and store phases short, so the SM overlaps more of them and the
+# grid's first and last waves cost less: H200, softmax over axis 1, GB/s, two rounds each
+# (benchmarks/results/nvidia-h200-2026-11-22-strided-profile.txt section 6), from 256-thread
+# blocks, 128-byte tiles and 64 KB slices to this rule: float16 (16, 4096, 1024) 2706 -> 2823,
+# bfloat16 2630 -> 2720, float16 (32, 4096, 1024) 2911 -> 3047, (16, 2048, 2048) 2794 -> 2871,
+# float32 (32, 21, 256, 256) 3403 -> 3493; dims too long for 8 x 64 KB slices had one block
+# per tile reading x twice (32 blocks for float16 (4, 8192, 512): 253 GB/s) and now take
+# clusters of 32-byte tiles: 1558 GB/s there, float32 (4, 8192, 512) 501 -> 1871, and read
+# twice over clusters float16 (1, 32768, 1024) 132 -> 1186, float32 (1, 65536, 256) 73 -> 799.
+# Cached slices of 64 KB and 64-byte tiles lost to 32 KB and 32 bytes (float16 (4, 8192, 512)
+# 1452 against 1558), 32-byte tiles to 64 bytes where both fit 32 KB (float16 (64, 2048, 128)
+# 1497 against 1988), 256-thread blocks of the same tiles by 13% and 64-thread ones by 18%.
+STRIDED_MIN_TILE_BYTES = 64
+STRIDED_NARROW_TILE_BYTES = 32
 STRIDED_ROWS_PER_THREAD = 16
+STRIDED_SLICE_PREFERRED_BYTES = 32 * 1024
 STRIDED_SLICE_MAX_BYTES = 64 * 1024
 CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
 # Row clusters may also take 16 blocks where the device allows it (DeviceProps.max_cluster):
@@ -194,7 +210,7 @@ CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
 ROW_CLUSTER_SIZES = (*CLUSTER_SIZES, 16)
 BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
 UNCACHED_BLOCK = 512  # = __launch_bounds__ of softmax_uncached
-STRIDED_BLOCK = 256  # = __launch_bounds__ of softmax_strided
+STRIDED_BLOCK = 128  # threads of a strided block (at most the kernels' bound, 256)
 MAX_GRID = 2**31 - 1  # gridDim.x limit; kernels loop over rows beyond it
 # Static shared memory of the smem kernels (reduction scratch and cluster mail), reserved out
 # of the opt-in limit; tests/test_nvcc.py checks every smem and strided kernel against it (the
@@ -705,12 +721,13 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
                  force: str | None = None) -> LaunchPlan:
     """Plan a softmax over the middle axis of an (outer, dim, inner) view, inner > 1.
 
-    A tile is ``tx_count * pack`` consecutive inner positions (at least
-    STRIDED_MIN_TILE_BYTES per dim row where inner allows, wider when dim is short so each
-    thread still walks about STRIDED_ROWS_PER_THREAD rows) over the whole of dim. The tile's
-    (dim, width) slab is cached in shared memory by one block, or on sm_90 by a cluster of
-    blocks each caching a slice of dim, while a slice fits in STRIDED_SLICE_MAX_BYTES;
-    otherwise x is read twice.
+    A tile is ``tx_count * pack`` consecutive inner positions over the whole of dim, reduced by
+    a block of STRIDED_BLOCK threads (on sm_90 a cluster of blocks, each owning a slice of
+    dim). Cached, the tile's (dim, width) slab sits in shared memory: the first of
+    (STRIDED_MIN_TILE_BYTES tiles, wider when dim is short, in slices of at most
+    STRIDED_SLICE_PREFERRED_BYTES), (STRIDED_NARROW_TILE_BYTES tiles, the same), then both
+    within STRIDED_SLICE_MAX_BYTES, on the smallest cluster that holds it; otherwise x is read
+    twice in narrow tiles, dim split over the smallest cluster whose slices would fit.
 
     Examples
     --------
@@ -719,7 +736,10 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     >>> p = plan_strided("softmax", "float32", "float32", 32, 21, 65536, 4, h100,
     ...                  lambda k, b, s: 2)
     >>> p.path, p.tx_count
-    ('strided-cached', 128)
+    ('strided-cached', 64)
+    >>> plan_strided("softmax", "float16", "float16", 4, 8192, 512, 8, h100,
+    ...              lambda k, b, s: 2).kernel
+    'cunorm::softmax_strided_cluster<cunorm::half_t, cunorm::half_t, false, 8, true, 8>'
     """
     if op not in SOFTMAX_OPS:
         raise ValueError(f"no strided kernel for {op}; expected one of {SOFTMAX_OPS}")
@@ -727,36 +747,51 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     isz = ITEMSIZE[src]
     pack = max_pack(inner, max(isz, ITEMSIZE[dst]), align_elems)
     cbytes = compute_bytes(src, dst)
-    max_tx = min(STRIDED_MAX_TX, _next_pow2(_cdiv(inner, pack)))
-    tx_min = min(max_tx, max(1, STRIDED_MIN_TILE_BYTES // (pack * isz)))
+    tx_cap = min(STRIDED_BLOCK, _next_pow2(_cdiv(inner, pack)))
+
+    def tx_for(tile_bytes: int) -> int:
+        return min(tx_cap, max(1, tile_bytes // (pack * isz)))
+
     tx_want = STRIDED_BLOCK // min(STRIDED_BLOCK, _next_pow2(_cdiv(dim, STRIDED_ROWS_PER_THREAD)))
-    tx = min(max_tx, max(tx_min, tx_want))
-    width = tx * pack
-    state_row = width * 2 * cbytes  # one MaxSum per column
-    part_bytes = (STRIDED_BLOCK // max(tx, 32) + 1) * state_row  # a row per warp, the final row
-
-    def states_bytes(c: int) -> int:  # + the mail rows on a cluster
-        return part_bytes + (c * state_row if c > 1 else 0)
-
+    tx_wide = min(tx_cap, max(tx_for(STRIDED_MIN_TILE_BYTES), tx_want))
+    tx_narrow = min(tx_wide, tx_for(STRIDED_NARROW_TILE_BYTES))
     clusters = (1, *CLUSTER_SIZES) if props.has_clusters else (1,)
-    cluster = next((c for c in clusters if _cdiv(dim, c) * width * isz <= min(
-        STRIDED_SLICE_MAX_BYTES, _smem_capacity(props) - states_bytes(c))), None)
-    path = force or ("strided-cached" if cluster is not None else "strided")
+
+    def states_bytes(tx: int, c: int) -> int:
+        # softmax_strided_impl: a MaxSum row per warp's worth of ty, the final row, and on a
+        # cluster the mail rows
+        state_row = tx * pack * 2 * cbytes
+        return (STRIDED_BLOCK // max(tx, 32) + 1 + (c if c > 1 else 0)) * state_row
+
+    def slice_bytes(tx: int, c: int) -> int:
+        return _cdiv(dim, c) * tx * pack * isz
+
+    def fits(tx: int, c: int, limit: int) -> bool:
+        return slice_bytes(tx, c) <= min(limit, _smem_capacity(props) - states_bytes(tx, c))
+
+    cached = next(((tx, c) for limit in (STRIDED_SLICE_PREFERRED_BYTES, STRIDED_SLICE_MAX_BYTES)
+                   for tx in dict.fromkeys((tx_wide, tx_narrow)) for c in clusters
+                   if fits(tx, c, limit)), None)
+    path = force or ("strided-cached" if cached is not None else "strided")
     if path == "strided-cached":
-        if cluster is None:
+        if cached is None:
             raise ValueError(f"path 'strided-cached' cannot cache dim={dim} in shared memory")
-        smem = states_bytes(cluster) + _cdiv(dim, cluster) * width * isz
-        name = (f"cunorm::softmax_strided<{head}, {pack}, true>" if cluster == 1 else
-                f"cunorm::softmax_strided_cluster<{head}, {pack}, {cluster}>")
+        tx, cluster = cached
+        smem = states_bytes(tx, cluster) + slice_bytes(tx, cluster)
+        cache = "true"
     elif path == "strided":
-        cluster, smem = 1, part_bytes
-        name = f"cunorm::softmax_strided<{head}, {pack}, false>"
+        tx = tx_narrow
+        cluster = next((c for c in clusters if slice_bytes(tx, c) <= STRIDED_SLICE_MAX_BYTES),
+                       clusters[-1])
+        smem = states_bytes(tx, cluster)
+        cache = "false"
     else:
         raise ValueError(f"unknown strided path {path!r}; expected one of {STRIDED_PATHS}")
-    base = f"cunorm::softmax_strided<{head}, {pack}, {'false' if path == 'strided' else 'true'}>"
-    if occ(base, STRIDED_BLOCK, smem) <= 0:
+    name = (f"cunorm::softmax_strided<{head}, {pack}, {cache}>" if cluster == 1 else
+            f"cunorm::softmax_strided_cluster<{head}, {pack}, {cache}, {cluster}>")
+    if occ(name, STRIDED_BLOCK, smem) <= 0:
         raise ValueError(f"path {path!r} does not fit: {smem} bytes of shared memory per block")
-    tiles = outer * _cdiv(inner, width)
+    tiles = outer * _cdiv(inner, tx * pack)
     return LaunchPlan(path, name, min(tiles, MAX_GRID // cluster) * cluster, STRIDED_BLOCK,
                       smem, tx)
 
@@ -806,8 +841,8 @@ def all_kernel_names(arch: int) -> list[str]:
             if family == "softmax":
                 for cache in ("true", "false"):
                     names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
-                names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {c}>"
-                             for c in clusters)
+                    names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {cache}, {c}>"
+                                 for c in clusters)
     for (op, isz_src, isz_dst), (values, _) in BLOCK_MID.items():
         for src, dst in KERNEL_DTYPE_PAIRS if arch >= BLOCK_MID_MIN_ARCH else ():
             if (ITEMSIZE[src], ITEMSIZE[dst]) == (isz_src, isz_dst):

@@ -872,14 +872,16 @@ def test_planner_rejects_path_of_the_other_family() -> None:
 def strided_args(plan: d.LaunchPlan) -> tuple[int, int, bool]:
     """(pack, cluster size, cached) of a strided plan."""
     base, args = template_args(plan.kernel)
-    if base == "cunorm::softmax_strided_cluster":  # <head, pack, [cache,] cluster>
-        assert plan.path == "strided-cached" and len(args) in (5, 6), plan
-        assert len(args) == 5 or args[4] == "true", plan
-        return int(args[3]), int(args[-1]), True
-    assert len(args) == 5, plan
-    assert base == "cunorm::softmax_strided" and args[4] in ("true", "false"), plan
+    if base == "cunorm::softmax_strided_cluster":  # <head, pack, cache, cluster>
+        assert len(args) == 6 and args[4] in ("true", "false"), plan
+        cluster = int(args[5])
+        assert cluster > 1, plan
+    else:
+        assert base == "cunorm::softmax_strided" and len(args) == 5, plan
+        assert args[4] in ("true", "false"), plan
+        cluster = 1
     assert (args[4] == "true") == (plan.path == "strided-cached"), plan
-    return int(args[3]), 1, args[4] == "true"
+    return int(args[3]), cluster, args[4] == "true"
 
 
 def _check_strided(plan: d.LaunchPlan, outer: int, dim: int, inner: int, src: str,
@@ -903,11 +905,17 @@ def _check_strided(plan: d.LaunchPlan, outer: int, dim: int, inner: int, src: st
     state_row = width * 2 * d.compute_bytes(src, dst)
     rows = d.STRIDED_BLOCK // max(tx, 32) + 1 + (cluster if cluster > 1 else 0)
     assert plan.smem == rows * state_row + slab, plan
-    if cached and cluster > 1:  # the smallest cluster whose slice fits beside the partials
-        bound = min(d.STRIDED_SLICE_MAX_BYTES,
-                    props.smem_per_block_optin - d.STATIC_SMEM_RESERVE - (plan.smem - slab))
-        smaller = [c for c in (1, *d.CLUSTER_SIZES) if c < cluster]
-        assert all(-(-dim // c) * width * isz > bound for c in smaller)
+    smaller = [c for c in (1, *d.CLUSTER_SIZES) if c < cluster]
+    if cached:  # the smallest cluster whose slice of this tile fits beside the partials
+        limit = (d.STRIDED_SLICE_PREFERRED_BYTES if slab <= d.STRIDED_SLICE_PREFERRED_BYTES
+                 else d.STRIDED_SLICE_MAX_BYTES)
+        for c in smaller:
+            states = (rows - cluster + (c if c > 1 else 0)) * state_row
+            bound = min(limit, props.smem_per_block_optin - d.STATIC_SMEM_RESERVE - states)
+            assert -(-dim // c) * width * isz > bound, (plan, c)
+    else:  # read twice: one-sector tiles, dim split while a slice would not be cached
+        assert tx == 1 or (tx // 2) * pack * isz < d.STRIDED_NARROW_TILE_BYTES, plan
+        assert all(-(-dim // c) * width * isz > d.STRIDED_SLICE_MAX_BYTES for c in smaller)
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
@@ -945,7 +953,7 @@ def test_strided_cached_short_dim_single_block(src: str, dst: str) -> None:
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_strided_long_dim_cluster_on_sm90_uncached_on_sm80(src: str, dst: str) -> None:
     """A dim whose slab is too big for one block is split over a cluster on sm_90 and read
-    twice on sm_80; far too big, it is read twice everywhere."""
+    twice on sm_80; far too big, it is read twice everywhere, split over a cluster on sm_90."""
     isz = ITEMSIZE[src]
     for dim in range(2, 10**6, 4999):
         plan90 = strided_plan(4, dim, 4096, src, dst)
@@ -956,11 +964,24 @@ def test_strided_long_dim_cluster_on_sm90_uncached_on_sm80(src: str, dst: str) -
             plan80 = strided_plan(4, dim, 4096, src, dst, props=A100)
             assert strided_args(plan80)[1] == 1
     huge = strided_plan(4, 10**7, 4096, src, dst)
-    assert huge.path == "strided" and not strided_args(huge)[2]
+    assert huge.path == "strided" and strided_args(huge)[1:] == (d.CLUSTER_SIZES[-1], False)
+    huge80 = strided_plan(4, 10**7, 4096, src, dst, props=A100)
+    assert huge80.path == "strided" and strided_args(huge80)[1:] == (1, False)
     with pytest.raises(ValueError, match="strided-cached"):
         strided_plan(4, 10**7, 4096, src, dst, force="strided-cached")
     assert any(strided_args(strided_plan(4, dim, 4096, src, dst))[1] > 1
                for dim in (2**k for k in range(4, 20))), "no strided cluster on sm_90"
+
+
+def test_strided_long_dim_takes_narrow_tiles_before_reading_twice() -> None:
+    """float16 (4, 8192, 512): 64-byte tiles need 64 KB slices on 8 blocks, 32-byte ones
+    32 KB: the narrow tile is cached; a dim 8 times longer is read twice in narrow tiles."""
+    plan = strided_plan(4, 8192, 512, "float16")
+    assert strided_args(plan) == (8, 8, True) and plan.tx_count * 8 * 2 == 32
+    plan = strided_plan(4, 8192, 512, "float16", props=A100)  # no clusters: read twice
+    assert strided_args(plan) == (8, 1, False) and plan.tx_count == 2
+    plan = strided_plan(1, 65536, 512, "float16")
+    assert strided_args(plan) == (8, 8, False) and plan.tx_count == 2
 
 
 @pytest.mark.parametrize(
@@ -1022,7 +1043,7 @@ def test_grid_shapes(props: DeviceProps, src: str, dst: str) -> None:
                 else:
                     c = _cluster_of(plan)
                     assert plan.grid == min(rows, d.MAX_GRID // c) * c, (rows, cols, plan)
-    if props.smem_per_block_optin < 2 * d.STRIDED_SLICE_MAX_BYTES:
+    if props.smem_per_block_optin < 48 * 1024:
         return  # see test_strided_plans_invariants
     for outer, dim, inner in [(1, 1, 2), (1, 5, 3), (7, 21, 1000), (1000, 3, 64),
                               (10**5, 1000, 4096), (2, 10**6, 8), (2**20, 2, 2**20)]:

@@ -289,6 +289,8 @@ def dispatch_substitutions() -> str:
         "strided_tile": d.STRIDED_MIN_TILE_BYTES,
         "strided_rows": d.STRIDED_ROWS_PER_THREAD,
         "strided_slice": kb(d.STRIDED_SLICE_MAX_BYTES),
+        "strided_slice_pref": kb(d.STRIDED_SLICE_PREFERRED_BYTES),
+        "strided_narrow": d.STRIDED_NARROW_TILE_BYTES,
     }
     return "".join(f".. |d.{k}| replace:: {v}\n" for k, v in values.items())
 
