@@ -28,10 +28,20 @@ template <typename C, bool RMS> struct NormOut {
 // as hi + lo). So 1e4 + N(0, 1) keeps full float accuracy: x - m is exact near the mean
 // (Sterbenz), no value is squared before the mean is removed, and nothing is accumulated in
 // double (which measured half the bandwidth on short rows). rms_norm: the sum of squares.
+// 16-bit rows on the block-wide paths (block, smem, cluster: kOnePass) skip the provisional
+// mean's reduction: the same sums about 0 (sum x, sum x^2) give the same formula, with a
+// relative variance error of (1 + mean^2 / var) float roundings, far below a 16-bit result's
+// rounding while the mean lies within 4 standard deviations of 0; a row whose mean lies
+// further (redo) is summed again about the mean so found (recenter), as before. One block
+// reduction (one cluster exchange) instead of two: H200, 16-bit layer_norm with weight and
+// bias, +2-11% at 2048-262144 columns (benchmarks/results/nvidia-h200-2026-11-22-rowops-
+// profile.txt section 11). float32 and float64 rows keep both passes everywhere (their
+// results show the statistics' rounding), and so do the warp path (shuffles: no gain) and
+// the fused residual (no gain, and its 16-bit block kernels spilled under 32 registers).
 // The streaming paths fold a row into a double Welford/Chan (or sum-of-squares) state: their
 // per-thread runs are long, and they only serve rows past shared memory. Variance clamped at
 // 0 (NaN kept).
-template <typename C_, typename SRC, bool RMS> struct NormOp {
+template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   typedef C_ C;
   typedef typename Conditional<RMS, C, Sum2<C>>::type A;
   typedef C S1;
@@ -39,6 +49,7 @@ template <typename C_, typename SRC, bool RMS> struct NormOp {
   typedef typename Conditional<RMS, SumSq<double>, MeanM2<double>>::type Online;
   typedef NormOut<C, RMS> Fin;
   static constexpr bool kFirst = !RMS;
+  static constexpr bool kOnePass = !RMS && !RESIDUAL && sizeof(SRC) == 2;
   static constexpr bool kZeroPad = true;  // pad() is 0, what a zeroed raw pack converts to
   static constexpr bool kPadSafe = RMS;  // 0 adds nothing to a sum of squares; it does to
                                          // the sums of deviations
@@ -50,6 +61,17 @@ template <typename C_, typename SRC, bool RMS> struct NormOp {
   __device__ __forceinline__ C first(C s, C x) const { return s + x; }
   __device__ __forceinline__ C middle(C s, i64 cols) const {
     return s * Math<C>::rcp(static_cast<C>(cols));
+  }
+  // kOnePass: whether the sums about 0 are to be redone about their mean, mean^2 > 16 var
+  // (false for a NaN row, which stays NaN; true where rounding left var below 0), and that
+  // mean.
+  __device__ __forceinline__ bool redo(A s2, i64 cols) const {
+    const C inv_n = Math<C>::rcp(static_cast<C>(cols));
+    const C mean = s2.a * inv_n;
+    return mean * mean > C(16) * fma(-mean, mean, s2.b * inv_n);
+  }
+  __device__ __forceinline__ C recenter(A s2, i64 cols) const {
+    return s2.a * Math<C>::rcp(static_cast<C>(cols));
   }
   __device__ __forceinline__ A second(C& v, C mean) const {
     if constexpr (RMS) {
@@ -113,7 +135,7 @@ template <typename C_, typename SRC, bool RMS> struct NormOp {
 
 #define CUNORM_NORM_ROWS(BODY)                                                              \
   typedef typename ComputeOf<SRC>::type C;                                                  \
-  NormOp<C, SRC, RMS> op;                                                                        \
+  NormOp<C, SRC, RMS, RESIDUAL> op;                                                         \
   op.eps = eps;                                                                             \
   op.mean_out = mean_out;                                                                   \
   op.rstd_out = rstd_out;                                                                   \

@@ -17,7 +17,10 @@
 // OP::Online instead (online softmax, Welford/Chan, sum of squares) and end with
 // finish_online(state, cols).
 //   typedefs  C (compute), A (accumulator), S1, R1 (reduction of S1), Online, Fin
-//   constants kFirst; kPadSafe (second() of the padding value adds nothing, so padding slots
+//   constants kFirst; kOnePass (the block-wide paths skip the first reduction, summing
+//             second() about 0, and sum again about recenter() where redo() says the mean lies
+//             too far from 0: 16-bit layer_norm); kPadSafe (second() of the padding value
+//             adds nothing, so padding slots
 //             need no mask); kZeroPad (pad() is 0, the value of a zeroed raw pack, so the
 //             warp path leaves padding slots as loaded); Keeps<RAW>::value (the smem path
 //             may overwrite its cached raw packs with the kept values)
@@ -246,18 +249,8 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
   const auto pack_col = [](int p) {
     return (p * blockDim.x + threadIdx.x) * PACK;
   };
-  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    load_packs<NPACK, PACK, OP>(load, [&](int p) {
-      const unsigned col = pack_col(p);
-      return PackAt<unsigned>{row, col, col < ncols};
-    }, [&](int p) { return buf + p * PACK; });
-    S1 s1 = S1();
-    if constexpr (OP::kFirst) {
-      s1 = OP::R1::identity();
-#pragma unroll
-      for (int i = 0; i < COLS; ++i) s1 = op.first(s1, buf[i]);
-      s1 = op.middle(block_all_reduce<typename OP::R1>(s1, scratch1), cols);
-    }
+  // The sum of second() over the row about s1, block-reduced.
+  const auto second_sum = [&](S1 s1) {
     A s2 = A{};
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
@@ -268,7 +261,27 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
         if (valid) s2 += t;
       }
     }
-    s2 = block_all_reduce<SumOp<A>>(s2, scratch2);
+    return block_all_reduce<SumOp<A>>(s2, scratch2);
+  };
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    load_packs<NPACK, PACK, OP>(load, [&](int p) {
+      const unsigned col = pack_col(p);
+      return PackAt<unsigned>{row, col, col < ncols};
+    }, [&](int p) { return buf + p * PACK; });
+    S1 s1 = S1();  // kOnePass: 0
+    if constexpr (OP::kFirst && !OP::kOnePass) {
+      s1 = OP::R1::identity();
+#pragma unroll
+      for (int i = 0; i < COLS; ++i) s1 = op.first(s1, buf[i]);
+      s1 = op.middle(block_all_reduce<typename OP::R1>(s1, scratch1), cols);
+    }
+    A s2 = second_sum(s1);
+    if constexpr (OP::kOnePass) {
+      if (op.redo(s2, cols)) {  // block-uniform: every thread has the reduced bits
+        s1 = op.recenter(s2, cols);  // buf holds x still (second() about 0 kept x - 0)
+        s2 = second_sum(s1);
+      }
+    }
     const typename OP::Fin fin = op.finish(s1, s2, cols);
     if (threadIdx.x == 0) op.write_stats(row, fin);
 #pragma unroll
@@ -301,7 +314,8 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   CUNORM_DYNAMIC_SMEM(smem_raw);
   __shared__ S1 scratch1[33];
   __shared__ A scratch2[33];
-  __shared__ ClusterMail<S1, CLUSTER> mail1;  // the blocks' partial statistics
+  // the blocks' partial statistics (kOnePass: mail1 carries the sums of a redo)
+  __shared__ ClusterMail<typename Conditional<OP::kOnePass, A, S1>::type, CLUSTER> mail1;
   __shared__ ClusterMail<A, CLUSTER> mail2;
   const i64 npacks = cols / PACK;
   const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
@@ -313,27 +327,9 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   RawPack* const cache = reinterpret_cast<RawPack*>(smem_raw);
   open_mail<CLUSTER>(mail1, mail2);
   unsigned k = 0;  // exchanges so far (mail phase)
-  // Each thread fills, reads and writes the same packs: its own cp.async wait makes them
-  // visible to it, no block barrier is needed for the data.
-  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters, ++k) {
-    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
-      load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
-    copy_async_commit();
-    if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open (with the loads in flight)
-    copy_async_wait<0>();
-    S1 s1 = S1();
-    if constexpr (OP::kFirst) {
-      S1 t = OP::R1::identity();
-      for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
-        C v[PACK];
-        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) t = op.first(t, v[i]);
-      }
-      s1 = op.middle(mail1.template exchange<typename OP::R1>(
-                         block_all_reduce<typename OP::R1>(t, scratch1), k),
-                     cols);
-    }
+  unsigned k1 = 0;  // kOnePass: redo exchanges so far (mail1's phase)
+  // The sum of second() over the slice about s1, reduced over the cluster through `mail`.
+  const auto second_sum = [&](S1 s1, auto& mail, unsigned phase, i64 row) {
     A t2 = A{};
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
       C v[PACK];
@@ -347,7 +343,37 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
         cache[p - pack_begin] = e;
       }
     }
-    const A s2 = mail2.template exchange<SumOp<A>>(block_all_reduce<SumOp<A>>(t2, scratch2), k);
+    return mail.template exchange<SumOp<A>>(block_all_reduce<SumOp<A>>(t2, scratch2), phase);
+  };
+  // Each thread fills, reads and writes the same packs: its own cp.async wait makes them
+  // visible to it, no block barrier is needed for the data.
+  for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters, ++k) {
+    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
+      load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
+    copy_async_commit();
+    if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open (with the loads in flight)
+    copy_async_wait<0>();
+    S1 s1 = S1();  // kOnePass: 0
+    if constexpr (OP::kFirst && !OP::kOnePass) {
+      S1 t = OP::R1::identity();
+      for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+        C v[PACK];
+        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) t = op.first(t, v[i]);
+      }
+      s1 = op.middle(mail1.template exchange<typename OP::R1>(
+                         block_all_reduce<typename OP::R1>(t, scratch1), k),
+                     cols);
+    }
+    A s2 = second_sum(s1, mail2, k, row);
+    if constexpr (OP::kOnePass) {
+      // cluster-uniform: the exchange folds the slots in rank order, the same bits everywhere
+      if (op.redo(s2, cols)) {
+        s1 = op.recenter(s2, cols);
+        s2 = second_sum(s1, mail1, k1++, row);
+      }
+    }
     const typename OP::Fin fin = op.finish(s1, s2, cols);
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
     constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;

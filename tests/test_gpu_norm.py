@@ -506,6 +506,45 @@ def test_large_offset_stability(rng, op, dtype, cols):
             assert np.abs(y.mean(axis=-1)).max() <= 1e-6, path
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float16), BF16],
+                         ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [1000, 4096, 40000])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("grid", ["one-row", "few-blocks"])
+def test_layer_norm_offset_rows(rng, dtype, cols, residual, grid):
+    """16-bit rows on the block-wide paths are summed about 0 in one reduction and summed
+    again about their mean where it lies more than 4 standard deviations from 0: rows with
+    means of 200, 5 and 3 standard deviations, outliers first and an ordinary row keep the
+    dtype's bound and exact statistics on every path, with and without a residual.
+    "few-blocks" caps the grid at 8 blocks, so a cluster sums again on several of its rows
+    (its second mailbox changes phase)."""
+    loc = 1e4 if dtype == np.float32 else 200.0
+    xh = rng.standard_normal((5, cols))
+    xh[0] += loc
+    xh[1] += 5.0
+    xh[2] += 3.0
+    xh[3, :16] = loc  # row 4: ordinary
+    xh = xh.astype(dtype)
+    w, b, wh, bh = affine(rng, "layer_norm", (cols,), dtype)
+    # with a residual the normalized rows are x + r: r = 0 keeps them the rows above
+    r = cupy.zeros((5, cols), dtype=dtype) if residual else None
+    ref, ref_mean, ref_rstd = reference("layer_norm", xh, -1, wh, bh)
+    ran = []
+    for path in paths_for(cols, dtype):
+        with _dispatch.override_constants({"MAX_GRID": 8} if grid == "few-blocks" else {}):
+            res = run_forced(path, lambda: cunorm.layer_norm(cupy.asarray(xh), w, b,
+                                                             residual=r, return_stats=True))
+        if res is None:
+            continue
+        ran.append(path)
+        y, stats = (res[0], res[2:]) if residual else (res[0], res[1:])
+        err = rel_err(cupy.asnumpy(y), ref)
+        assert err <= TOL[dtype.name], f"path {path}: error {err:.3g}"
+        # the means near 0 are measured against the data's scale (1) as well
+        check_stats("layer_norm", (y, *stats), ref_mean, ref_rstd, dtype, 1.0, f"path {path}")
+    assert "block" in ran or "smem" in ran, ran
+
+
 SPECIAL_ROWS = 9
 
 

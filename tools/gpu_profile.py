@@ -27,10 +27,12 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
-kernels built for other resident-block counts; ``attention-tiles`` the D = 64 attention kernel
-with other key tiles, ``attention-sources`` attention built from this checkout's kernel sources
-against those in folder $CUNORM_BASE_SOURCES (``attention-persistent``: both on a block per
-row tile, then this checkout's on the planner's persistent grid). The commands live in
+kernels built for other resident-block counts, ``row-sources`` the norms built from this
+checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES; ``attention-tiles``
+the D = 64 attention kernel with other key tiles, ``attention-sources`` attention built from
+this checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
+(``attention-persistent``: both on a block per row tile, then this checkout's on the planner's
+persistent grid). The commands live in
 profile_rows.py, profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in
 profile_common.py.
 """
@@ -69,6 +71,7 @@ COMMANDS = {
     "attention-grids": lambda: attn.attention_groups((512, 1024, 2048, 4096), (0, None)),
     "attention-tiles": attn.attention_tiles,
     "attention-sources": lambda: attn.attention_sources(os.environ["CUNORM_BASE_SOURCES"]),
+    "row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"]),
     "attention-persistent": lambda: attn.attention_sources(
         os.environ["CUNORM_BASE_SOURCES"], seqs=(512, 1024, 2048, 4096, 8192, 16384),
         persistent=True),

@@ -8,6 +8,7 @@ import time
 
 import cupy
 import numpy as np
+from profile_common import _use_sources
 
 import cunorm
 
@@ -115,16 +116,9 @@ def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: in
     trailing ``items`` argument), then this one runs the planner's grid."""
     from pathlib import Path
 
-    from cunorm import _attn_dispatch, _attn_launch, _kernels
+    from cunorm import _attn_dispatch, _kernels
 
     shipped = _kernels.source_dir
-
-    def use_sources(folder) -> None:  # compile from `folder()` from now on, caches emptied
-        _kernels.source_dir = folder
-        _kernels.kernel_source.cache_clear()
-        _kernels._KERNELS.clear()
-        _attn_launch._PLANS.clear()
-
     per_tile = 0 if persistent else None
     builds = [("base", lambda: Path(base), per_tile), ("this", shipped, per_tile)]
     if persistent:
@@ -134,14 +128,14 @@ def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: in
     try:
         for _ in range(rounds):
             for label, folder, blocks in builds:
-                use_sources(folder)
+                _use_sources(folder)
                 for (d, seq, causal), (q, k, v, flops, ref, ms_fa) in cases.items():
                     with _attn_dispatch.force_persistent(blocks):
                         ms, err = _cunorm_case(q, k, v, causal, ref)
                     print(f"{label} D={d:3d} L={seq:5d} causal={int(causal)}: "
                           f"{_vs_fa2(flops, ms, ms_fa, err)}", flush=True)
     finally:
-        use_sources(shipped)
+        _use_sources(shipped)
 
 
 def attention_overhead(n: int = 2000) -> None:

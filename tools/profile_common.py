@@ -139,3 +139,15 @@ def _norm_inputs(dt: str, cols: int, rows: int = 49152):
     w = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
     b = cupy.random.standard_normal(cols, dtype=np.float32).astype(dt)
     return x, w, b
+
+
+def _use_sources(folder) -> None:
+    """Compile kernels from now on from the sources in ``folder()`` (a ``cuda_src`` of another
+    commit, or ``_kernels.source_dir`` itself), every kernel and plan cache emptied."""
+    from cunorm import _attn_launch, _kernels
+
+    _kernels.source_dir = folder
+    _kernels.kernel_source.cache_clear()
+    _kernels._KERNELS.clear()
+    _dispatch._drop_cached_plans()
+    _attn_launch._PLANS.clear()

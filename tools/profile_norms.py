@@ -14,6 +14,7 @@ from profile_common import (
     _norm_inputs,
     _row_case,
     _triton_norm_gbps,
+    _use_sources,
     _warm_up,
 )
 
@@ -396,3 +397,62 @@ def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2
         print(line + f"   {'/'.join(f'{r:.0f}' for r in peer)}", flush=True)
         del case, theirs
         cupy.get_default_memory_pool().free_all_blocks()
+
+
+# Row ops against the kernel sources of another commit (row-sources): (op, dtype, cols);
+# "_residual" adds r (bytes: x, r read, y, h written), "_offset" moves every row's mean 200
+# standard deviations from 0.
+SOURCE_CASES = [("layer_norm", dt, c) for dt in ("float16", "bfloat16")
+                for c in (2048, 3000, 4096, 5120, 8192, 12288, 16384, 32768, 65536, 131072,
+                          262144)]
+SOURCE_CASES += [("layer_norm", "float32", c) for c in (2048, 4096, 8192, 32768, 262144)]
+SOURCE_CASES += [("layer_norm_residual", dt, c) for dt in ("float16", "bfloat16")
+                 for c in (4096, 8192, 65536)]
+SOURCE_CASES += [("rms_norm", "float16", c) for c in (4096, 65536)]
+SOURCE_CASES += [("layer_norm_offset", dt, c) for dt in ("float16", "bfloat16")
+                 for c in (4096, 65536)]
+
+
+def row_sources(base: str, rounds: int = 2) -> None:
+    """GB/s (padded event timer) of SOURCE_CASES, weight (and bias) included, with kernels
+    built from the sources in folder ``base`` (a ``cuda_src`` of another commit) and from this
+    checkout's, alternated ``rounds`` times in one process on the same buffers; and the
+    largest difference of the two outputs over the first 256 rows."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from cunorm import _kernels
+    from cunorm.bench.timing import CupyEventTimer, gbps
+
+    timer = CupyEventTimer(pad_us=100)
+    shipped = _kernels.source_dir
+    builds = [("base", lambda: Path(base)), ("this", shipped)]
+    try:
+        for op, dt, cols in SOURCE_CASES:
+            rows = min(49152, 201326592 // cols)
+            y, fn, args = _affine_case(
+                op.removesuffix("_residual").removesuffix("_offset"), dt, rows, cols)
+            kwargs, nbytes = {}, 2 * args[0].nbytes
+            if op.endswith("_offset"):
+                args[0][...] += 200
+            if op.endswith("_residual"):
+                kwargs["residual"] = cupy.random.standard_normal(
+                    args[0].shape, dtype=np.float32).astype(dt)
+                nbytes *= 2
+            call = functools.partial(fn, *args, out=y, **kwargs)
+            rates, outs = {name: [] for name, _ in builds}, {}
+            for _ in range(rounds):
+                for name, folder in builds:
+                    _use_sources(folder)
+                    call()
+                    outs[name] = cupy.asnumpy(y[:256].astype(cupy.float32))
+                    rates[name].append(gbps(nbytes, timer(call)))
+            diff = float(np.abs(outs["base"] - outs["this"]).max())
+            cells = "  ".join(f"{name} {'/'.join(f'{r:.0f}' for r in rs)}"
+                              for name, rs in rates.items())
+            print(f"{op:19s} {dt:8s} {cols:6d}  {cells}  max diff {diff:.1e}", flush=True)
+            del y, args, kwargs, call
+            cupy.get_default_memory_pool().free_all_blocks()
+    finally:
+        _use_sources(shipped)
