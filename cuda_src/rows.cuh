@@ -20,10 +20,10 @@
 //   constants kFirst; kOnePass (the block-wide paths skip the first reduction, summing
 //             second() about 0, and sum again about recenter() where redo() says the mean lies
 //             too far from 0: 16-bit layer_norm); kPadSafe (second() of the padding value
-//             adds nothing, so padding slots
-//             need no mask); kZeroPad (pad() is 0, the value of a zeroed raw pack, so the
-//             warp path leaves padding slots as loaded); Keeps<RAW>::value (the smem path
-//             may overwrite its cached raw packs with the kept values)
+//             adds nothing, so padding slots need no mask); kZeroPad (pad() is 0, the value
+//             of a zeroed raw pack, so the warp path leaves padding slots as loaded);
+//             Keeps<RAW>::value (the smem path may overwrite its cached raw packs with the
+//             kept values)
 //   pad()     value of the register slots past the end of a row
 //   write_stats(row, fin)  per-row outputs (mean, rstd), by one thread per row
 // The LOAD functor moves the input (DirectLoad; ResidualLoad forms x + r), the STORE functor
