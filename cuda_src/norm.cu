@@ -66,13 +66,11 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   // (false for a NaN row, which stays NaN; true where rounding left var below 0), and that
   // mean.
   __device__ __forceinline__ bool redo(A s2, i64 cols) const {
-    const C inv_n = Math<C>::rcp(static_cast<C>(cols));
+    const C inv_n = Math<C>::rcp(static_cast<C>(cols));  // one reciprocal for both means
     const C mean = s2.a * inv_n;
     return mean * mean > C(16) * fma(-mean, mean, s2.b * inv_n);
   }
-  __device__ __forceinline__ C recenter(A s2, i64 cols) const {
-    return s2.a * Math<C>::rcp(static_cast<C>(cols));
-  }
+  __device__ __forceinline__ C recenter(A s2, i64 cols) const { return middle(s2.a, cols); }
   __device__ __forceinline__ A second(C& v, C mean) const {
     if constexpr (RMS) {
       return v * v;
