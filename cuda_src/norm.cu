@@ -154,7 +154,10 @@ __global__ void __launch_bounds__(128, 4) norm_warp(CUNORM_NORM_PARAMS) {
 // float32 (64). H200, weight and bias, one run each (tools/gpu_profile.py norm-variants):
 // from 3 to 4 blocks float16 layer_norm 8192 cols 3432 -> 3742 GB/s, bfloat16 3499 -> 3595,
 // float16 rms_norm 3885 -> 4141; 2 blocks for 16-bit rows lost 8-23%, and 3 for float32 rows
-// won 2% at 8192 cols and lost 3% at 4096 (spilling 8 bytes).
+// won 2% at 8192 cols and lost 3% at 4096 (spilling 8 bytes). float32 layer_norm rows of at
+// most 8 values a thread take 4 (32 registers; one process, tools/gpu_profile.py
+// short-block-sources: 1000 cols 3864 -> 3996 GB/s, 1024 3952 -> 4016); rms_norm keeps 2
+// there (4039 -> 3995, 4042 -> 4023 at 4).
 // CUNORM_NORM_BLOCKS16 / CUNORM_NORM_BLOCKS32 override the counts for measurement.
 #ifndef CUNORM_NORM_BLOCKS16
 #define CUNORM_NORM_BLOCKS16 4
@@ -162,10 +165,12 @@ __global__ void __launch_bounds__(128, 4) norm_warp(CUNORM_NORM_PARAMS) {
 #ifndef CUNORM_NORM_BLOCKS32
 #define CUNORM_NORM_BLOCKS32 2
 #endif
+__host__ __device__ constexpr int norm_block_full(int src_bytes) {
+  return src_bytes == 2 ? CUNORM_NORM_BLOCKS16 : src_bytes == 4 ? CUNORM_NORM_BLOCKS32 : 1;
+}
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
-__global__ void CUNORM_BLOCK_BOUNDS(
-    PACK * sizeof(SRC), COLS,
-    sizeof(SRC) == 2 ? CUNORM_NORM_BLOCKS16 : sizeof(SRC) == 4 ? CUNORM_NORM_BLOCKS32 : 1)
+__global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(sizeof(SRC)),
+                                    sizeof(SRC) == 4 && !RMS ? 4 : norm_block_full(sizeof(SRC)))
     norm_block(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_block<PACK, COLS>));
 }

@@ -195,16 +195,17 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   }
 }
 
-// Launch bounds of the block-register kernels, CUNORM_BLOCK_BOUNDS(pack bytes, COLS, full):
-// rows held in full 16-byte packs, at most 16 values a thread, get the registers of `full`
-// resident 512-thread blocks per SM (full: each kernel's largest count that compiles without
-// spills on sm_80 and sm_90 with nvcc 13, tests/test_nvcc.py); the others one block. Without
-// the cap nvcc gave the float16 8192-column softmax 32 registers and NVRTC 34, one resident
-// block fewer: ncu on H200, 71% occupancy against the Triton peer's 95% with the same loads
-// and reductions. When full is even the same cap is written (1024, full / 2), so those kernels
-// also take blocks of up to 1024 threads (cunorm/_dispatch.py block_wide), which hold a
-// 16384-column row at the 16 values a thread of an 8192-column one. (__maxnreg__ with the same
-// cap made ptxas spill and use more registers: nvcc 13, sm_90.)
+// Launch bounds of the block-register kernels, CUNORM_BLOCK_BOUNDS(pack bytes, COLS, full,
+// short): rows held in full 16-byte packs, at most 16 values a thread, get the registers of
+// `full` resident 512-thread blocks per SM, and those of at most 8 values a thread the
+// registers of `short` blocks (each kernel's largest counts that compile without spills on
+// sm_80 and sm_90 with nvcc 13, tests/test_nvcc.py, or fewer where more lost); the others one
+// block. Without the cap nvcc gave the float16 8192-column softmax 32 registers and NVRTC 34,
+// one resident block fewer: ncu on H200, 71% occupancy against the Triton peer's 95% with the
+// same loads and reductions. When full is even the same cap is written (1024, full / 2), so
+// those kernels also take blocks of up to 1024 threads (cunorm/_dispatch.py block_wide), which
+// hold a 16384-column row at the 16 values a thread of an 8192-column one. (__maxnreg__ with
+// the same cap made ptxas spill and use more registers: nvcc 13, sm_90.)
 __host__ __device__ constexpr bool block_row_in_full_packs(int pack_bytes, int cols) {
   return pack_bytes == 16 && cols <= 16;
 }
@@ -217,14 +218,15 @@ __host__ __device__ constexpr bool block_row_mid(int pack_bytes, int cols) {
 __host__ __device__ constexpr int block_max_threads(int pack_bytes, int cols, int full) {
   return block_row_in_full_packs(pack_bytes, cols) && full % 2 == 0 ? 1024 : 512;
 }
-__host__ __device__ constexpr int block_min_blocks(int pack_bytes, int cols, int full) {
+__host__ __device__ constexpr int block_min_blocks(int pack_bytes, int cols, int full,
+                                                   int short_rows) {
   return block_row_in_full_packs(pack_bytes, cols)
-             ? full * 512 / block_max_threads(pack_bytes, cols, full)
+             ? (cols <= 8 ? short_rows : full) * 512 / block_max_threads(pack_bytes, cols, full)
              : (block_row_mid(pack_bytes, cols) ? 2 : 1);
 }
-#define CUNORM_BLOCK_BOUNDS(PACK_BYTES, COLS, FULL)                                          \
+#define CUNORM_BLOCK_BOUNDS(PACK_BYTES, COLS, FULL, SHORT)                                   \
   __launch_bounds__(block_max_threads(PACK_BYTES, COLS, FULL),                               \
-                    block_min_blocks(PACK_BYTES, COLS, FULL))
+                    block_min_blocks(PACK_BYTES, COLS, FULL, SHORT))
 
 // ---------------------------------------------------------------------------------------
 // Block-register path: the row lives in the registers of a whole block (COLS values per

@@ -199,6 +199,26 @@ def test_block_mid_rows(dtype, log):
         assert ran, "no BLOCK_MID row for this dtype"
 
 
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("cols", [1000, 1024])
+def test_short_block_rows_at_full_occupancy(cols, log):
+    """float32 rows the block path holds at 8 values a thread match the float64 reference, and
+    their kernels have the registers of 4 resident 512-thread blocks (softmax.cu
+    softmax_block: 32, against 40 for longer rows)."""
+    from cunorm._device import device_props
+    from cunorm._kernels import get_kernel, occupancy
+
+    props = device_props(0)
+    op = "log_softmax" if log else "softmax"
+    plan = _dispatch.plan_rows(op, "float32", "float32", 7, cols, 4, props, lambda k, b, s: 4)
+    assert plan.path == "block" and plan.kernel.endswith(", 8>"), plan
+    kern = get_kernel(0, props.arch, _dispatch.kernel_file(plan.kernel), plan.kernel)
+    assert occupancy(kern, 512, 0) >= 4, (plan.kernel, kern.num_regs)
+    x, xh = random_input((7, cols), np.float32, seed=cols)
+    y = cunorm.log_softmax(x) if log else cunorm.softmax(x)
+    assert rel_err(cupy.asnumpy(y), reference(xh, -1, log)) <= TOL["float32"]
+
+
 # --- dtypes, output dtypes --------------------------------------------------------------
 @pytest.mark.parametrize("src,dst", [(np.float16, np.float32), (BF16, np.float32),
                                      (np.float32, np.float64), (np.float32, np.float16),

@@ -28,7 +28,11 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
 kernels built for other resident-block counts, ``row-sources`` the norms built from this
-checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES; ``attention-tiles``
+checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
+(``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
+path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 16-bit rows
+of 1000-1536 columns on the block path against the warp path, ``warp-norm-sources``: the
+norms' warp-path rows against $CUNORM_BASE_SOURCES); ``attention-tiles``
 the D = 64 attention kernel with other key tiles, ``attention-sources`` attention built from
 this checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
 (``attention-persistent``: both on a block per row tile, then this checkout's on the planner's
@@ -72,6 +76,14 @@ COMMANDS = {
     "attention-tiles": attn.attention_tiles,
     "attention-sources": lambda: attn.attention_sources(os.environ["CUNORM_BASE_SOURCES"]),
     "row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"]),
+    "short-block-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
+                                                     cases=norms.SHORT_BLOCK_CASES),
+    "short-blocks": lambda: block_variants(norms.SHORT_BLOCK_SIZE_CASES,
+                                           norms.SHORT_BLOCK_VARIANTS, 49152),
+    "warp-norm-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
+                                                   cases=norms.WARP_NORM_CASES),
+    "warp-edge-blocks": lambda: block_variants(norms.WARP_EDGE_CASES, norms.WARP_EDGE_VARIANTS,
+                                               49152),
     "attention-persistent": lambda: attn.attention_sources(
         os.environ["CUNORM_BASE_SOURCES"], seqs=(512, 1024, 2048, 4096, 8192, 16384),
         persistent=True),

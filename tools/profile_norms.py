@@ -413,8 +413,36 @@ SOURCE_CASES += [("layer_norm_offset", dt, c) for dt in ("float16", "bfloat16")
                  for c in (4096, 65536)]
 
 
-def row_sources(base: str, rounds: int = 2) -> None:
-    """GB/s (padded event timer) of SOURCE_CASES, weight (and bias) included, with kernels
+# float32 rows of at most 8 values a thread on the block path, at 32 registers (rows.cuh
+# block_resident), against the previous sources (short-block-sources) and on other block sizes
+# (short-blocks: 8 values a thread on more threads, or the block path for warp-path rows).
+SHORT_BLOCK_CASES = [(op, "float32", c) for op in ("softmax", "log_softmax", "layer_norm",
+                                                   "rms_norm") for c in (1000, 1024, 2048)]
+SHORT_BLOCK_CASES += [("layer_norm_residual", "float32", 1024), ("rms_norm_residual", "float32",
+                                                                 1024)]
+SHORT_BLOCK_SIZE_CASES = [(op, "float32", c) for op in ("softmax", "log_softmax", "layer_norm",
+                                                        "rms_norm")
+                          for c in (256, 512, 1000, 2048, 3000, 4096)]
+SHORT_BLOCK_VARIANTS = [("default", {}, None), ("block", {}, "block"),
+                        ("block-t8", {"BLOCK_TARGET_VALUES": 8}, "block")]
+
+
+# 16-bit rows at the warp path's upper end (1000-1536 cols) on the block path (8 values a
+# thread, 32 registers) against the warp path (warp-edge-blocks).
+WARP_EDGE_CASES = [(op, dt, c) for op in ("softmax", "log_softmax", "layer_norm", "rms_norm")
+                   for dt in ("float16", "bfloat16") for c in (1000, 1024, 1536)]
+WARP_EDGE_VARIANTS = [("default", {}, None), ("block", {}, "block")]
+# Norm rows of 17-32 values a lane on the warp path, whose kernels are capped at the registers
+# of 8 resident 128-thread blocks (norm.cu norm_warp), against the previous sources
+# (warp-norm-sources).
+WARP_NORM_CASES = [(op, dt, c) for op in ("layer_norm", "rms_norm", "layer_norm_residual",
+                                          "rms_norm_residual")
+                   for dt in ("float16", "bfloat16") for c in (512, 1000, 1024, 1536)]
+WARP_NORM_CASES += [(op, "float32", 768) for op in ("layer_norm", "rms_norm")]
+
+
+def row_sources(base: str, rounds: int = 2, cases=SOURCE_CASES) -> None:
+    """GB/s (padded event timer) of ``cases``, norms' weight (and bias) included, with kernels
     built from the sources in folder ``base`` (a ``cuda_src`` of another commit) and from this
     checkout's, alternated ``rounds`` times in one process on the same buffers; and the
     largest difference of the two outputs over the first 256 rows."""
@@ -429,9 +457,9 @@ def row_sources(base: str, rounds: int = 2) -> None:
     shipped = _kernels.source_dir
     builds = [("base", lambda: Path(base)), ("this", shipped)]
     try:
-        for op, dt, cols in SOURCE_CASES:
+        for op, dt, cols in cases:
             rows = min(49152, 201326592 // cols)
-            y, fn, args = _affine_case(
+            y, fn, args = _row_case(
                 op.removesuffix("_residual").removesuffix("_offset"), dt, rows, cols)
             kwargs, nbytes = {}, 2 * args[0].nbytes
             if op.endswith("_offset"):
