@@ -353,6 +353,44 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
                     float(np.abs(xh.astype(np.float64)).max()), f"mid {cols}")
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_register_caps_of_1024_column_rows(rng, op, dtype, residual, planned, monkeypatch):
+    """Rows of 1024 columns as dispatched, with weight and bias (and a residual), against the
+    float64 reference; their kernels have the registers they are compiled for: 16-bit rows
+    (warp path, 32 values a lane) those of 8 resident 128-thread blocks (norm.cu
+    norm_warp_blocks), float32 rows (block path, 8 values a thread) those of 4 resident
+    512-thread blocks for layer_norm and 2 for rms_norm (norm_block)."""
+    from cunorm._device import device_props
+    from cunorm._kernels import get_kernel, occupancy
+
+    props = device_props(0)
+    monkeypatch.setattr(norm_module, "_PLANS", {})
+    name, cols = np.dtype(dtype).name, 1024
+    x, xh = random_input(rng, (11, cols), dtype)
+    w, b, wh, bh = affine(rng, op, (cols,), dtype)
+    kwargs, hh = {}, xh
+    if residual:
+        r, rh = random_input(rng, (11, cols), dtype)
+        kwargs["residual"] = r
+        hh = (xh.astype(np.float64) + rh.astype(np.float64)).astype(dtype)
+    res = call(op, x, w, b, **kwargs)
+    y = res[0] if residual else res
+    plan = planned[-1]
+    kern = get_kernel(0, props.arch, "norm.cu", plan.kernel)
+    if name == "float32":
+        assert plan.path == "block" and plan.kernel.endswith(", 8>"), plan
+        assert occupancy(kern, 512, 0) >= (4 if op == "layer_norm" else 2), kern.num_regs
+    else:
+        assert plan.path == "warp" and ", 32, 32, 1>" in plan.kernel, plan
+        assert occupancy(kern, 128, 0) >= 8, kern.num_regs
+    if residual:
+        assert same_bits(cupy.asnumpy(res[1]), hh)
+    ref = reference(op, hh, weight=wh, bias=bh)[0]
+    assert rel_err(cupy.asnumpy(y), ref) <= TOL[name]
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_forcing_an_impossible_path_raises_and_writes_nothing(rng, op):
     x, _ = random_input(rng, (2, 100_000), np.float32)
