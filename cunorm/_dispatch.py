@@ -77,7 +77,7 @@ WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32,
 #   layer_norm and rms_norm with a residual lost 1-5% at 64-256 columns.
 WARP_GROUP_PACKS = {"norm": 2, "softmax": 2}
 WARP_GROUP_MIN_PACKS = {"norm": 4, "softmax": 32}
-# Threads per block of the warp kernels (compiled __launch_bounds__(128, 4): at most 128). A
+# Threads per block of the warp kernels (compiled __launch_bounds__(128, n): at most 128). A
 # block holds its SM slot until its last warp ends; two warps a block free it sooner than four.
 # H200, GB/s, 128 -> 64 (-> 32) threads, two rounds (tools/gpu_profile.py warp-blocks,
 # rowops-profile section 10e): softmax float16 1024 cols 3738 -> 3798 (3807), float32 512
