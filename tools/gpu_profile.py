@@ -21,13 +21,15 @@ host time of a CuPy launch by argument list;
 ``smem-blocks`` the smem path at fixed block sizes;
 ``carveout`` the smem path under other L1 / shared-memory carveouts, ``affine-cost`` the norms
 there with and without weight and bias (``affine-kernels``: one launch each, for ncu),
-``compile-kernels`` short norm rows against torch.compile (GB/s, then one launch each for ncu),
+``compile-kernels`` short norm rows against torch.compile (GB/s, then one launch each for ncu;
+``compile-long-kernels``: long rows),
 ``warp-groups`` short rows on narrower warp-path lane groups (``warp-blocks``: on smaller blocks),
 ``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns);
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
-kernels built for other resident-block counts, ``row-sources`` the norms built from this
+kernels built for other resident-block counts, ``uncached-rows`` rows of 4096-32768 columns
+on the uncached path with a block per row, ``row-sources`` the norms built from this
 checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
 path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 16-bit rows
@@ -68,6 +70,7 @@ COMMANDS = {
     "carveout": norms.carveout, "affine-cost": norms.affine_cost,
     "affine-kernels": norms.affine_kernels,
     "compile-kernels": norms.compile_kernels, "warp-groups": norms.warp_groups,
+    "compile-long-kernels": lambda: norms.compile_kernels(cases=norms.LONG_COMPILE_CASES),
     "warp-blocks": lambda: norms.warp_groups(norms.WARP_BLOCK_VARIANTS),
     "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
@@ -95,6 +98,7 @@ COMMANDS = {
     "mid-blocks": lambda: block_variants(norms.MID_BLOCK_CASES, norms.MID_BLOCK_VARIANTS),
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,
+    "uncached-rows": long.uncached_rows,
 }
 
 if __name__ == "__main__":

@@ -95,3 +95,54 @@ def cluster_blocks(rounds: int = 2) -> None:
         del y, args, call
         cupy.get_default_memory_pool().free_all_blocks()
     _build_with(())
+
+
+# Rows of 4096-32768 columns on the uncached path (read twice, the second read from L2) with a
+# block per row, as torch.compile's looped-reduction kernels run them at 4.26-4.31 TB/s (ncu,
+# compile-long-kernels), built for 1-4 resident 512-thread blocks (CUNORM_UNCACHED_BLOCKS),
+# against the dispatched plan.
+UNCACHED_ROW_CASES = [("rms_norm", "float32", 4096), ("rms_norm", "float32", 8192),
+                      ("rms_norm", "float32", 32768), ("rms_norm", "float16", 12288),
+                      ("layer_norm", "float16", 16384), ("layer_norm", "float32", 8192),
+                      ("softmax", "float16", 8192), ("softmax", "float32", 32768)]
+UNCACHED_ROW_BUILDS = [("1blk", ()), ("2blk", ("-DCUNORM_UNCACHED_BLOCKS=2",)),
+                       ("3blk", ("-DCUNORM_UNCACHED_BLOCKS=3",)),
+                       ("4blk", ("-DCUNORM_UNCACHED_BLOCKS=4",))]
+
+
+def uncached_rows(rows: int = 49152) -> None:
+    """GB/s (padded event timer) of UNCACHED_ROW_CASES as dispatched and on the uncached path
+    with one block per row in each UNCACHED_ROW_BUILDS build, with registers and local bytes."""
+    import importlib
+    from unittest import mock
+
+    from cunorm import _dispatch
+    from cunorm.bench.timing import CupyEventTimer, gbps
+
+    # the modules (cunorm.softmax is also the name of the function)
+    norm_module = importlib.import_module("cunorm.norm")
+    softmax_module = importlib.import_module("cunorm.softmax")
+
+    timer = CupyEventTimer(pad_us=100)
+    per_row = mock.patch.multiple(norm_module, occupancy=lambda k, b, s: 1 << 20)
+    per_row_sm = mock.patch.multiple(softmax_module, occupancy=lambda k, b, s: 1 << 20)
+    for op, dt, cols in UNCACHED_ROW_CASES:
+        y, fn, args = _row_case(op, dt, rows, cols)
+        call = functools.partial(fn, *args, out=y)
+        _build_with(())
+        call()
+        kern, block, _ = _planned(op)
+        cells = [f"default {gbps(2 * y.nbytes, timer(call)):.0f} ({block}t/{kern.num_regs}r)"]
+        for name, opts in UNCACHED_ROW_BUILDS:
+            _build_with(opts)
+            with per_row, per_row_sm, _dispatch.force_path("uncached"):
+                _dispatch._drop_cached_plans()
+                call()
+                kern, block, _ = _planned(op)
+                rate = gbps(2 * y.nbytes, timer(call))
+            cells.append(f"{name} {rate:.0f} ({kern.num_regs}r/{kern.local_size_bytes}l)")
+        print(f"{op:10s} {dt:8s} {cols:6d} | " + "  ".join(cells), flush=True)
+        del y, args, call
+        cupy.get_default_memory_pool().free_all_blocks()
+    _build_with(())
+    _dispatch._drop_cached_plans()
