@@ -190,11 +190,6 @@ __global__ void __launch_bounds__(512, 1) norm_smem(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_smem<PACK, 1>));
 }
 
-// CUNORM_UNCACHED_BLOCKS: resident 512-thread blocks the uncached kernel is compiled for (1;
-// other counts for measurement, tools/gpu_profile.py uncached-rows).
-#ifndef CUNORM_UNCACHED_BLOCKS
-#define CUNORM_UNCACHED_BLOCKS 1
-#endif
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK>
 __global__ void __launch_bounds__(512, CUNORM_UNCACHED_BLOCKS) norm_uncached(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_uncached<PACK, 1>));

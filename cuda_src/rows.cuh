@@ -415,6 +415,11 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
 // flight fit there. On sm_90 a cluster of CLUSTER blocks shares a row (each streams its slice;
 // the partial states meet through distributed shared memory), so few rows are in flight and
 // the second read hits L2.
+// Resident 512-thread blocks softmax.cu's and norm.cu's uncached kernels are compiled for
+// (1; other counts for measurement, tools/gpu_profile.py uncached-rows).
+#ifndef CUNORM_UNCACHED_BLOCKS
+#define CUNORM_UNCACHED_BLOCKS 1
+#endif
 template <int PACK, int CLUSTER, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, const STORE& store,
                                               i64 rows, i64 cols) {

@@ -259,11 +259,6 @@ __global__ void __launch_bounds__(512, 1) softmax_smem(const SRC* x, DST* y, i64
   CUNORM_SOFTMAX_ROWS((rows_smem<PACK, 1>));
 }
 
-// CUNORM_UNCACHED_BLOCKS: resident 512-thread blocks the uncached kernel is compiled for (1;
-// other counts for measurement, tools/gpu_profile.py uncached-rows).
-#ifndef CUNORM_UNCACHED_BLOCKS
-#define CUNORM_UNCACHED_BLOCKS 1
-#endif
 template <typename SRC, typename DST, bool LOG, int PACK>
 __global__ void __launch_bounds__(512, CUNORM_UNCACHED_BLOCKS)
     softmax_uncached(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
