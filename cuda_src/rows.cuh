@@ -36,8 +36,8 @@ constexpr int kUnrollValues = 16;
 
 // The N packs a thread of a register path holds of a row (or of a chunk of it): pack u is
 // at(u) = {row, col, valid}. Every valid raw pack is fetched before any is converted; then
-// every pack is converted and the invalid ones overwritten with OP::pad() (raw packs start
-// zeroed). With the conversion inside each pack's bounds test, nvcc 13 branched around the
+// every pack is converted (element by element: common.cuh pack_to_compute) and the invalid
+// ones overwritten with OP::pad() (raw packs start zeroed). With the conversion inside each pack's bounds test, nvcc 13 branched around the
 // bfloat16 ones instead of predicating them, and each load waited for the one before: half
 // the bytes in flight, 3636 GB/s against float16's 4220 on the same block kernel (H200, 8192
 // columns). Returns the number of valid values (the valid packs of a chunk are a prefix).
@@ -59,7 +59,7 @@ __device__ __forceinline__ int load_packs(const LOAD& load, const AT& at, const 
   for (int u = 0; u < N; ++u) {
     const auto a = at(u);
     typename OP::C* const v = dst(u);
-    load.template convert<PACK>(raw[u], v, a.row, a.col);
+    load.template convert<PACK, false>(raw[u], v, a.row, a.col);
     if (a.valid) {
       nvalid += PACK;
     } else {
@@ -146,7 +146,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
         const unsigned col = pack_col(p);
-        load.template convert<PACK>(raw[r][p], buf[r] + p * PACK, row0 + r, col);
+        load.template convert<PACK, false>(raw[r][p], buf[r] + p * PACK, row0 + r, col);
         if (!OP::kZeroPad && (row0 + r >= rows || col >= ncols)) {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
@@ -189,7 +189,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 #pragma unroll
       for (int p = 0; p < NPACK; ++p) {
         const unsigned col = pack_col(p);
-        if (col < ncols) store.template store<PACK>(buf[r] + p * PACK, row, col);
+        if (col < ncols) store.template store<PACK, false>(buf[r] + p * PACK, row, col);
       }
     }
   }
@@ -291,7 +291,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
       const unsigned col = pack_col(p);
-      if (col < ncols) store.template store<PACK>(buf + p * PACK, row, col);
+      if (col < ncols) store.template store<PACK, false>(buf + p * PACK, row, col);
     }
   }
 }

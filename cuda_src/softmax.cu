@@ -126,15 +126,17 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       copy_async_wait<0>();
 #pragma unroll 2
       for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
-        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(slab + d * width);
+        C v[PACK];
+        pack_to_compute<C>(load_pack<SRC, PACK>(slab + d * width), v);
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, to_compute<C>(p.v[j]));
+        for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
       }
 #pragma unroll 2
       for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
-        const Pack<SRC, PACK> p = load_pack<SRC, PACK>(slab + d * width);
+        C v[PACK];
+        pack_to_compute<C>(load_pack<SRC, PACK>(slab + d * width), v);
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) st[j].s += MS::term(to_compute<C>(p.v[j]), st[j].m);
+        for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
       }
     } else if (active) {
       // Uncached: online statistics over chunks of U dim rows, so loads overlap and each
@@ -148,9 +150,10 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
         for (int u = 0; u < U; ++u) {
           const i64 d = d0 + u * ty_count;
           if (d < d_end) {
-            const Pack<SRC, PACK> p = load_pack<SRC, PACK>(xo + d * ldx_dim);
+            C c[PACK];
+            pack_to_compute<C>(load_pack<SRC, PACK>(xo + d * ldx_dim), c);
 #pragma unroll
-            for (int j = 0; j < PACK; ++j) v[j][u] = to_compute<C>(p.v[j]);
+            for (int j = 0; j < PACK; ++j) v[j][u] = c[j];
           } else {
 #pragma unroll
             for (int j = 0; j < PACK; ++j) v[j][u] = -Math<C>::inf();
@@ -213,8 +216,9 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
         const Pack<SRC, PACK> p = CACHE ? load_pack<SRC, PACK>(slab + d * width)
                                         : load_pack<SRC, PACK>(xo + d * ldx_dim);
         C v[PACK];
+        pack_to_compute<C>(p, v);
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) v[j] = fin[j](to_compute<C>(p.v[j]));
+        for (int j = 0; j < PACK; ++j) v[j] = fin[j](v[j]);
         out.template store<PACK>(v, d, 0);
       }
     }

@@ -29,14 +29,16 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
 kernels built for other resident-block counts, ``uncached-rows`` rows of 4096-32768 columns
-on the uncached path with a block per row, ``row-sources`` the norms built from this
-checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
+on the uncached path with a block per row, ``ln-long-slices`` layer_norm's rows of 32768+
+columns on one block, 64 KB cluster slices and the uncached path, ``row-sources`` the norms
+built from this checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
 path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 16-bit rows
 of 1000-1536 columns on the block path against the warp path, ``warp-norm-sources``: the
-norms' warp-path rows against $CUNORM_BASE_SOURCES); ``attention-tiles``
-the D = 64 attention kernel with other key tiles, ``attention-sources`` attention built from
-this checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
+norms' warp-path rows against $CUNORM_BASE_SOURCES, ``convert-sources``: bfloat16 rows);
+``attention-tiles`` the D = 64 attention kernel with other key tiles, ``attention-sources``
+attention built from this checkout's kernel sources against those in folder
+$CUNORM_BASE_SOURCES
 (``attention-persistent``: both on a block per row tile, then this checkout's on the planner's
 persistent grid). The commands live in
 profile_rows.py, profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in
@@ -85,6 +87,8 @@ COMMANDS = {
                                            norms.SHORT_BLOCK_VARIANTS, 49152),
     "warp-norm-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
                                                    cases=norms.WARP_NORM_CASES),
+    "convert-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
+                                                 cases=norms.CONVERT_CASES),
     "warp-edge-blocks": lambda: block_variants(norms.WARP_EDGE_CASES, norms.WARP_EDGE_VARIANTS,
                                                49152),
     "attention-persistent": lambda: attn.attention_sources(
@@ -98,7 +102,7 @@ COMMANDS = {
     "mid-blocks": lambda: block_variants(norms.MID_BLOCK_CASES, norms.MID_BLOCK_VARIANTS),
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,
-    "uncached-rows": long.uncached_rows,
+    "uncached-rows": long.uncached_rows, "ln-long-slices": long.ln_long_slices,
 }
 
 if __name__ == "__main__":

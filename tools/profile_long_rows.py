@@ -35,6 +35,28 @@ def long_row_variants() -> None:
     block_variants(LONG_CASES, LONG_VARIANTS)
 
 
+# layer_norm's rows of 32768+ columns since its 16-bit rows sum once (kOnePass): as dispatched
+# (16-bit 32768: a cluster of 2 x 32 KB, LAYER_NORM_SMEM_MAX_COLS), on one block caching the
+# whole row as rms_norm does (16-bit up to 49152 columns, float32 up to 32768), on clusters
+# preferring 64 KB slices, and on the uncached path; rms_norm at 32768 for reference.
+# (op, dtype, cols, rows): the benchmark's cells.
+LN_SLICE_CASES = [("layer_norm", dt, 32768, 49152) for dt in ("float16", "bfloat16", "float32")]
+LN_SLICE_CASES += [("rms_norm", "bfloat16", 32768, 49152), ("layer_norm", "float16", 49152, 8192)]
+LN_SLICE_CASES += [("layer_norm", dt, cols, rows) for dt in ("bfloat16", "float32")
+                   for cols, rows in ((65536, 3072), (262144, 768))]
+LN_SLICE_VARIANTS = [("default", {}, None),
+                     ("one-block", {"LAYER_NORM_SMEM_MAX_COLS": {2: 49152, 4: 32768, 8: 12288}},
+                      None),
+                     ("slice64k", {"SMEM_SLICE_PREFERRED_BYTES": 64 * 1024}, "cluster"),
+                     ("uncached", {}, "uncached")]
+
+
+def ln_long_slices(rounds: int = 2) -> None:
+    """GB/s of LN_SLICE_CASES on each LN_SLICE_VARIANTS setting, ``rounds`` times."""
+    for _ in range(rounds):
+        block_variants(LN_SLICE_CASES, LN_SLICE_VARIANTS)
+
+
 # One launch each for ncu: a cluster of 4 x 32 KB slices, one of 8 x 64 KB, uncached clusters.
 KERNEL_CASES = [("softmax", "float16", 65536, 3072), ("softmax", "float16", 262144, 768),
                 ("softmax", "float32", 262144, 768), ("layer_norm", "float32", 262144, 768)]

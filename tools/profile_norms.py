@@ -445,6 +445,17 @@ WARP_NORM_CASES = [(op, dt, c) for op in ("layer_norm", "rms_norm", "layer_norm_
                    for dt in ("float16", "bfloat16") for c in (512, 1000, 1024, 1536)]
 WARP_NORM_CASES += [(op, "float32", 768) for op in ("layer_norm", "rms_norm")]
 
+# bfloat16 rows, whose packs now convert two values a 32-bit word (common.cuh pack_to_compute),
+# against the previous sources on every row path (convert-sources); float16 and float32 rows
+# (element-wise conversions, unchanged code) as controls.
+CONVERT_CASES = [("layer_norm", "bfloat16", c) for c in (1024, 2048, 8192, 16384, 32768, 65536,
+                                                         262144)]
+CONVERT_CASES += [("rms_norm", "bfloat16", c) for c in (2048, 32768, 65536)]
+CONVERT_CASES += [("layer_norm_residual", "bfloat16", c) for c in (8192, 65536)]
+CONVERT_CASES += [("softmax", "bfloat16", 8192), ("softmax", "bfloat16", 32768),
+                  ("log_softmax", "bfloat16", 1024), ("layer_norm", "float16", 32768),
+                  ("layer_norm_residual", "float32", 16384), ("layer_norm", "float32", 262144)]
+
 
 def row_sources(base: str, rounds: int = 2, cases=SOURCE_CASES) -> None:
     """GB/s (padded event timer) of ``cases``, norms' weight (and bias) included, with kernels
