@@ -37,10 +37,11 @@ constexpr int kUnrollValues = 16;
 // The N packs a thread of a register path holds of a row (or of a chunk of it): pack u is
 // at(u) = {row, col, valid}. Every valid raw pack is fetched before any is converted; then
 // every pack is converted (element by element: common.cuh pack_to_compute) and the invalid
-// ones overwritten with OP::pad() (raw packs start zeroed). With the conversion inside each pack's bounds test, nvcc 13 branched around the
-// bfloat16 ones instead of predicating them, and each load waited for the one before: half
-// the bytes in flight, 3636 GB/s against float16's 4220 on the same block kernel (H200, 8192
-// columns). Returns the number of valid values (the valid packs of a chunk are a prefix).
+// ones overwritten with OP::pad() (raw packs start zeroed). With the conversion inside each
+// pack's bounds test, nvcc 13 branched around the bfloat16 ones instead of predicating them,
+// and each load waited for the one before: half the bytes in flight, 3636 GB/s against
+// float16's 4220 on the same block kernel (H200, 8192 columns). Returns the number of valid
+// values (the valid packs of a chunk are a prefix).
 template <typename COL> struct PackAt {
   i64 row;
   COL col;
