@@ -262,8 +262,9 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
 // 3937 -> 4017; rms_norm 32768 (one block, 64 KB) 3952 -> 3874: 40 registers instead of 45
 // let a third 512-thread block in per SM, and two ran faster. The word is formed in PTX:
 // written in C++, nvcc took the pair apart again. The rows held in registers (rows.cuh warp
-// and block paths) convert element by element (WORDS false): their 16-value bfloat16 norm
-// kernels spilled at 32 registers with words.
+// and block paths) convert their loaded packs and parameters element by element (WORDS
+// false): their 16-value bfloat16 norm kernels spilled at 32 registers with words. The
+// residual's x + r (ResidualLoad::fetch) converts by words on every path (no spills).
 template <typename C, bool WORDS = true, typename T, int N>
 __device__ __forceinline__ void pack_to_compute(const Pack<T, N>& p, C* dst) {
   if constexpr (WORDS && IsSame<T, bf16_t>::value && N % 2 == 0) {
