@@ -299,7 +299,7 @@ MID_BLOCK_VARIANTS = [("default", {}, None),
 COMPILE_CASES = [("layer_norm", "float16", 256), ("rms_norm", "float16", 256),
                  ("softmax", "float16", 256), ("layer_norm", "float16", 1024)]
 # Long norm rows where torch.compile's kernels run 2-5% faster than cunorm's and above the
-# device-to-device copy rate (benchmarks/results/nvidia-h200-2026-11-22-rms_norm.md).
+# device-to-device copy rate (benchmarks/results/nvidia-h200-2026-11-23-rms_norm.md).
 LONG_COMPILE_CASES = [("rms_norm", "float32", 4096), ("rms_norm", "float32", 8192),
                       ("rms_norm", "float32", 32768), ("rms_norm", "float16", 12288),
                       ("layer_norm", "float16", 16384)]
