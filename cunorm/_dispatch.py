@@ -208,6 +208,15 @@ CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
 # 16-bit rows of 262144 columns gain 2% (16 x 32 KB against 8 x 64 KB). The strided path
 # keeps the portable sizes.
 ROW_CLUSTER_SIZES = (*CLUSTER_SIZES, 16)
+# Norms of these item sizes cache a row on a portable cluster (slices up to
+# SMEM_SLICE_MAX_BYTES) before a cluster of 16: float32 rows of 131072 columns took 16 x 32 KB
+# slices by the preference above, and ran faster on 8 x 64 KB. H200, 1536 rows, weight (and
+# bias), one process, two rounds each (benchmarks/results/nvidia-h200-2026-11-23-cluster-
+# sizes-profile.txt): layer_norm 3021 -> 3211 GB/s (another GPU: 3088 -> 3427), rms_norm
+# 3890 -> 3923, rms_norm with a residual 3862 -> 3938, layer_norm with one 3655 -> 3650. Not
+# softmax (float32 4099 -> 4066) or 16-bit rows of 262144 columns (layer_norm float16 3398 ->
+# 3376, with a residual 3764 -> 3463).
+NORM_PORTABLE_CLUSTER_ITEMSIZES = (4,)
 BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
 UNCACHED_BLOCK = 512  # = __launch_bounds__ of softmax_uncached
 STRIDED_BLOCK = 128  # threads of a strided block (at most the kernels' bound, 256)
@@ -599,17 +608,23 @@ def _smem_capacity(props: DeviceProps) -> int:
 
 
 def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
-                clusters: tuple[int, ...]) -> tuple[int, int] | None:
+                clusters: tuple[int, ...], portable_first: bool = False) -> tuple[int, int] | None:
     """(cluster size, dynamic smem bytes per block) of the first cluster size in ``clusters``
     whose slice of the row is at most SMEM_SLICE_PREFERRED_BYTES, else at most
-    SMEM_SLICE_MAX_BYTES, else the largest slice that fits; None if none fits in shared memory."""
+    SMEM_SLICE_MAX_BYTES, else the largest slice that fits; None if none fits in shared memory.
+    With ``portable_first``, the portable sizes (1 and CLUSTER_SIZES) go through both limits
+    before the others are tried."""
     cap = _smem_capacity(props)
     slices = [(c, _cdiv(cols // pack, c) * pack * itemsize) for c in clusters]
     fitting = [(c, b) for c, b in slices if b <= cap]
-    for limit in (SMEM_SLICE_PREFERRED_BYTES, SMEM_SLICE_MAX_BYTES):
-        for c, b in fitting:
-            if b <= limit:
-                return c, b
+    tiers = [fitting]
+    if portable_first:
+        tiers.insert(0, [(c, b) for c, b in fitting if c == 1 or c in CLUSTER_SIZES])
+    for candidates in tiers:
+        for limit in (SMEM_SLICE_PREFERRED_BYTES, SMEM_SLICE_MAX_BYTES):
+            for c, b in candidates:
+                if b <= limit:
+                    return c, b
     return fitting[-1] if fitting else None
 
 
@@ -695,7 +710,8 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
     if want_cluster and not props.has_clusters:
         raise ValueError(f"path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
     cfg = smem_config(cols, pack, ITEMSIZE[src], props,
-                      row_cluster_sizes(props) if want_cluster else (1,))
+                      row_cluster_sizes(props) if want_cluster else (1,),
+                      family == "norm" and ITEMSIZE[src] in NORM_PORTABLE_CLUSTER_ITEMSIZES)
     if cfg is None:
         path = "cluster" if want_cluster else "smem"
         raise ValueError(f"path {path!r} cannot cache cols={cols} of {src} in shared memory")

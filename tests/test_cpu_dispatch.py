@@ -664,6 +664,31 @@ def test_clusters_of_16_where_the_device_allows_them() -> None:
     assert not any("_cluster<" in n for n in d.all_kernel_names(80))
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_float32_norms_prefer_portable_clusters(op: str, residual: bool) -> None:
+    """NORM_PORTABLE_CLUSTER_ITEMSIZES: float32 norm rows that 16 x 32 KB or 8 x 64 KB slices
+    can cache take the 8 x 64 KB (softmax and 16-bit norms keep 16 x 32 KB); rows only 16
+    blocks can cache still take 16."""
+    def cluster(cols: int, src: str, rows: int = 9, which: str = op) -> tuple[str, str, int]:
+        plan = d.plan_rows(which, src, src, rows, cols, 16, H200, fake_occ(H200),
+                           residual=residual and which != "softmax")
+        base, args = template_args(plan.kernel)
+        assert plan.grid == rows * int(args[-1])
+        return base, args[-1], plan.smem
+
+    norm = "cunorm::norm_smem_cluster"
+    assert cluster(131072, "float32") == (norm, "8", 65536)
+    assert cluster(98304, "float32") == (norm, "8", 49152)
+    assert cluster(65536, "float32") == (norm, "8", 32768)  # preferred slices on 8 blocks
+    assert cluster(262144, "float32") == (norm, "16", 65536)  # no portable cluster holds it
+    assert cluster(262144, "float16") == (norm, "16", 32768)
+    assert cluster(131072, "float32", which="softmax") == ("cunorm::softmax_smem_cluster", "16",
+                                                          32768)
+    with d.override_constants({"NORM_PORTABLE_CLUSTER_ITEMSIZES": ()}):
+        assert cluster(131072, "float32") == (norm, "16", 32768)
+
+
 def test_cluster_grid_is_one_cluster_per_row() -> None:
     cols = 4 * d.SMEM_SLICE_PREFERRED_BYTES // 4  # four full preferred float32 slices
     assert cols > d.SMEM_MAX_COLS[4]

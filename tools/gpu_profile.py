@@ -30,7 +30,8 @@ thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dis
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
 kernels built for other resident-block counts, ``uncached-rows`` rows of 4096-32768 columns
 on the uncached path with a block per row, ``ln-long-slices`` layer_norm's rows of 32768+
-columns on one block, 64 KB cluster slices and the uncached path, ``row-sources`` the norms
+columns on one block, 64 KB cluster slices and the uncached path, ``cluster-sizes`` rows of
+512 KB on clusters of 16 first or portable ones only, ``row-sources`` the norms
 built from this checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
 path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 16-bit rows
@@ -103,6 +104,7 @@ COMMANDS = {
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,
     "uncached-rows": long.uncached_rows, "ln-long-slices": long.ln_long_slices,
+    "cluster-sizes": long.cluster_sizes,
 }
 
 if __name__ == "__main__":

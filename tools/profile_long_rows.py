@@ -168,3 +168,47 @@ def uncached_rows(rows: int = 49152) -> None:
         cupy.get_default_memory_pool().free_all_blocks()
     _build_with(())
     _dispatch._drop_cached_plans()
+
+
+# Rows of 512 KB (16-bit 262144 columns, float32 131072), which 16 x 32 KB and 8 x 64 KB
+# slices can both cache: the shipped plan, every op on a cluster of 16 first (the rule before
+# NORM_PORTABLE_CLUSTER_ITEMSIZES), and on portable clusters only; residual cells count x and
+# r read, y and x + r written.
+CLUSTER_SIZE_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "layer_norm_residual",
+                    "rms_norm_residual")
+CLUSTER_SIZE_VARIANTS = [("shipped", {}), ("16-first", {"NORM_PORTABLE_CLUSTER_ITEMSIZES": ()}),
+                         ("portable", {"ROW_CLUSTER_SIZES": (2, 4, 8)})]
+
+
+def cluster_sizes(rounds: int = 2) -> None:
+    """GB/s (padded event timer) of CLUSTER_SIZE_OPS on 512 KB rows under each
+    CLUSTER_SIZE_VARIANTS setting, alternated ``rounds`` times, with each plan's cluster,
+    block threads, slice and registers."""
+    from cunorm import _dispatch
+    from cunorm.bench.timing import CupyEventTimer, gbps
+
+    timer = CupyEventTimer(pad_us=100)
+    for op in CLUSTER_SIZE_OPS:
+        base = op.removesuffix("_residual")
+        for dt, cols, rows in (("float16", 262144, 768), ("bfloat16", 262144, 768),
+                               ("float32", 131072, 1536)):
+            y, fn, args = _row_case(base, dt, rows, cols)
+            kwargs, nbytes = {}, 2 * args[0].nbytes
+            if op != base:
+                kwargs["residual"] = cupy.random.standard_normal(
+                    args[0].shape, dtype=np.float32).astype(dt)
+                nbytes *= 2
+            call = functools.partial(fn, *args, out=y, **kwargs)
+            cells: dict[str, list[str]] = {}
+            for _ in range(rounds):
+                for name, consts in CLUSTER_SIZE_VARIANTS:
+                    with _dispatch.override_constants(consts):
+                        call()
+                        kern, block, smem = _planned(base)
+                        plan = (f"{cols * y.itemsize // smem} x {smem // 1024} KB, {block}t/"
+                                f"{kern.num_regs}r")
+                        cells.setdefault(name, [plan]).append(f"{gbps(nbytes, timer(call)):.0f}")
+            print(f"{op:19s} {dt:8s} {cols:6d} | " + "  ".join(
+                f"{n} {'/'.join(v[1:])} ({v[0]})" for n, v in cells.items()), flush=True)
+            del y, args, kwargs, call
+            cupy.get_default_memory_pool().free_all_blocks()
