@@ -43,6 +43,22 @@ def _planned(op: str):
     return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem)
 
 
+def _call_case(op: str, dt: str, rows: int, cols: int):
+    """(output, call, bytes moved) of a :func:`_row_case` op, where ``op`` may end in
+    ``_residual`` (a random residual: x and r read, y and x + r written) or ``_offset`` (every
+    row 200 off 0)."""
+    base = op.removesuffix("_residual").removesuffix("_offset")
+    y, fn, args = _row_case(base, dt, rows, cols)
+    kwargs, nbytes = {}, 2 * args[0].nbytes
+    if op.endswith("_offset"):
+        args[0][...] += 200
+    if op.endswith("_residual"):
+        kwargs["residual"] = cupy.random.standard_normal(
+            args[0].shape, dtype=np.float32).astype(dt)
+        nbytes *= 2
+    return y, functools.partial(fn, *args, out=y, **kwargs), nbytes
+
+
 def _fresh_plan(op: str, run):
     """:func:`_planned` of the plan ``run()`` makes with every cached plan dropped first."""
     _dispatch._drop_cached_plans()

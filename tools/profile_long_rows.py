@@ -8,7 +8,15 @@ import os
 
 import cupy
 import numpy as np
-from profile_common import _affine_case, _build_with, _planned, _row_case, _warm_up, block_variants
+from profile_common import (
+    _affine_case,
+    _build_with,
+    _call_case,
+    _planned,
+    _row_case,
+    _warm_up,
+    block_variants,
+)
 
 # (op, dtype, cols, rows): the benchmark's long-row cells (about 400 MB of 16-bit input), and
 # the norms' cells of the same sizes.
@@ -192,13 +200,7 @@ def cluster_sizes(rounds: int = 2) -> None:
         base = op.removesuffix("_residual")
         for dt, cols, rows in (("float16", 262144, 768), ("bfloat16", 262144, 768),
                                ("float32", 131072, 1536)):
-            y, fn, args = _row_case(base, dt, rows, cols)
-            kwargs, nbytes = {}, 2 * args[0].nbytes
-            if op != base:
-                kwargs["residual"] = cupy.random.standard_normal(
-                    args[0].shape, dtype=np.float32).astype(dt)
-                nbytes *= 2
-            call = functools.partial(fn, *args, out=y, **kwargs)
+            y, call, nbytes = _call_case(op, dt, rows, cols)
             cells: dict[str, list[str]] = {}
             for _ in range(rounds):
                 for name, consts in CLUSTER_SIZE_VARIANTS:
@@ -210,5 +212,5 @@ def cluster_sizes(rounds: int = 2) -> None:
                         cells.setdefault(name, [plan]).append(f"{gbps(nbytes, timer(call)):.0f}")
             print(f"{op:19s} {dt:8s} {cols:6d} | " + "  ".join(
                 f"{n} {'/'.join(v[1:])} ({v[0]})" for n, v in cells.items()), flush=True)
-            del y, args, kwargs, call
+            del y, call
             cupy.get_default_memory_pool().free_all_blocks()

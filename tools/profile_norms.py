@@ -10,6 +10,7 @@ import cupy
 from profile_common import (
     _affine_case,
     _build_with,
+    _call_case,
     _fresh_plan,
     _norm_inputs,
     _row_case,
@@ -475,16 +476,7 @@ def row_sources(base: str, rounds: int = 2, cases=SOURCE_CASES) -> None:
     try:
         for op, dt, cols in cases:
             rows = min(49152, 201326592 // cols)
-            y, fn, args = _row_case(
-                op.removesuffix("_residual").removesuffix("_offset"), dt, rows, cols)
-            kwargs, nbytes = {}, 2 * args[0].nbytes
-            if op.endswith("_offset"):
-                args[0][...] += 200
-            if op.endswith("_residual"):
-                kwargs["residual"] = cupy.random.standard_normal(
-                    args[0].shape, dtype=np.float32).astype(dt)
-                nbytes *= 2
-            call = functools.partial(fn, *args, out=y, **kwargs)
+            y, call, nbytes = _call_case(op, dt, rows, cols)
             rates, outs = {name: [] for name, _ in builds}, {}
             for _ in range(rounds):
                 for name, folder in builds:
@@ -496,7 +488,7 @@ def row_sources(base: str, rounds: int = 2, cases=SOURCE_CASES) -> None:
             cells = "  ".join(f"{name} {'/'.join(f'{r:.0f}' for r in rs)}"
                               for name, rs in rates.items())
             print(f"{op:19s} {dt:8s} {cols:6d}  {cells}  max diff {diff:.1e}", flush=True)
-            del y, args, kwargs, call
+            del y, call
             cupy.get_default_memory_pool().free_all_blocks()
     finally:
         _use_sources(shipped)
