@@ -242,6 +242,21 @@ __device__ __forceinline__ void griddep_wait() {
 // Packs: N consecutive elements moved as one vector access (16 bytes at most).
 template <typename T, int N> struct __align__(sizeof(T) * N) Pack { T v[N]; };
 
+// A pack held as 32-bit words: zeroed and merged with a predicated load word by word, where
+// 16-bit elements were merged one by one (a PRMT each). Packs narrower than a word stay as
+// they are.
+template <typename P, bool WHOLE = sizeof(P) % 4 == 0> struct __align__(alignof(P)) Words {
+  unsigned w[sizeof(P) / 4];
+};
+template <typename P> struct __align__(alignof(P)) Words<P, false> { P p; };
+template <typename P> __device__ __forceinline__ Words<P> to_words(const P& p) {
+  Words<P> w;
+  *reinterpret_cast<P*>(&w) = p;
+  return w;
+}
+template <typename P> __device__ __forceinline__ P from_words(const Words<P>& w) {
+  return *reinterpret_cast<const P*>(&w);
+}
 template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
@@ -261,10 +276,11 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
 // 3562, 262144 3210 -> 3390, rms_norm 65536 3709 -> 3870, layer_norm with a residual 65536
 // 3937 -> 4017; rms_norm 32768 (one block, 64 KB) 3952 -> 3874: 40 registers instead of 45
 // let a third 512-thread block in per SM, and two ran faster. The word is formed in PTX:
-// written in C++, nvcc took the pair apart again. The rows held in registers (rows.cuh warp
-// and block paths) convert their loaded packs and parameters element by element (WORDS
-// false): their 16-value bfloat16 norm kernels spilled at 32 registers with words. The
-// residual's x + r (ResidualLoad::fetch) converts by words on every path (no spills).
+// written in C++, nvcc took the pair apart again. The rows held in registers on the block
+// path (rows.cuh rows_block) convert their loaded packs and parameters element by element
+// (WORDS false): its 16-value bfloat16 norm kernels spilled at 32 registers with words. The
+// warp path (64 registers or more) and the residual's x + r (ResidualLoad::fetch) convert by
+// words (no spills).
 template <typename C, bool WORDS = true, typename T, int N>
 __device__ __forceinline__ void pack_to_compute(const Pack<T, N>& p, C* dst) {
   if constexpr (WORDS && IsSame<T, bf16_t>::value && N % 2 == 0) {
@@ -409,7 +425,9 @@ template <> struct PairFromFloat<bf16_t> {
   }
 };
 
-// STORE functors: store<N>(values, row, col) writes N compute values to (row, col..col+N).
+// STORE functors: store<N>(values, row, col) writes N compute values to (row, col..col+N),
+// store_rows<N, R>(values, stride, row, count, col) the same columns of R rows (the first
+// `count` of them; the warp path's lane groups hold several rows).
 // Each names its per-column parameters Params<N> (empty for DirectStore). One with
 // kBatchParams also splits its store in two, params<N>(col) loading them and store<N>(values,
 // row, col, params) using them, so the streaming paths can put the parameter loads of several
@@ -421,6 +439,15 @@ template <typename C, typename DST> struct DirectStore {
   static constexpr bool kBatchParams = false;  // no parameters
   template <int N> struct Params {};
   __device__ DirectStore(DST* d, i64 l) : dst(d), ld(l) {}
+  // (WORDS and SPLIT: AffineStore's; nothing to load here.)
+  template <int N, int R, bool WORDS = true, bool SPLIT = true>
+  __device__ __forceinline__ void store_rows(const C* src, int stride, i64 row, i64 count,
+                                             i64 col) const {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < count) store<N>(src + r * stride, row + r, col);
+    }
+  }
   // (WORDS: how the parameters' packs convert, pack_to_compute; there are none here.)
   template <int N, bool WORDS = true>
   __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
@@ -471,11 +498,39 @@ template <typename C, typename DST> struct AffineStore {
     }
     out.template store<N>(v, row, col);
   }
+  // The same, loading the parameters here: in the register paths' unrolled stores the form
+  // above held every pack's parameters at once (63 -> 93 registers in a float32 block).
   template <int N, bool WORDS = true>
   __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
-    // The same, loading the parameters here: in the register paths' unrolled stores the form
-    // above held every pack's parameters at once (63 -> 93 registers in a float32 block).
-    C w[N], b[N], v[N];
+    store_rows<N, 1, WORDS, false>(src, 0, row, 1, col);
+  }
+  // R rows' N values (row + r from src + r * stride) for the rows r < count, each pack of
+  // parameters loaded and converted once for all of them (the warp path's lane groups hold
+  // several rows of the same columns). SPLIT: a branch of its own for weight and bias both
+  // present, without the defaults' moves and predicated conversions (sm_90: 28 of 599
+  // instructions in the float16 256-column warp kernel); the block path's 16-bit kernels,
+  // compiled for 32 registers, spilled with it.
+  template <int N, int R, bool WORDS = true, bool SPLIT = true>
+  __device__ __forceinline__ void store_rows(const C* src, int stride, i64 row, i64 count,
+                                             i64 col) const {
+    C w[N], b[N];
+    const auto put = [&]() {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < count) {
+          C v[N];
+#pragma unroll
+          for (int i = 0; i < N; ++i) v[i] = fma(src[r * stride + i], w[i], b[i]);
+          out.template store<N>(v, row + r, col);
+        }
+      }
+    };
+    if (SPLIT && weight != nullptr && bias != nullptr) {
+      pack_to_compute<C, WORDS>(load_pack<DST, N>(weight + col), w);
+      pack_to_compute<C, WORDS>(load_pack<DST, N>(bias + col), b);
+      put();
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       w[i] = C(1);
@@ -483,9 +538,7 @@ template <typename C, typename DST> struct AffineStore {
     }
     if (weight != nullptr) pack_to_compute<C, WORDS>(load_pack<DST, N>(weight + col), w);
     if (bias != nullptr) pack_to_compute<C, WORDS>(load_pack<DST, N>(bias + col), b);
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = fma(src[i], w[i], b[i]);
-    out.template store<N>(v, row, col);
+    put();
   }
 };
 
