@@ -179,14 +179,21 @@ def _warp_row_config(op: str, src: str, cols: int, align: int = 16,
 @pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
 def test_warp_groups_narrow(op: str, src: str) -> None:
     """Rows of full packs from WARP_GROUP_MIN_PACKS packs on take the narrowest group whose
-    lanes hold at most WARP_GROUP_PACKS packs (one row a group); from 32 x that many packs
-    on, 32 lanes as before. Scalar packs and the residual norms never narrow."""
+    lanes hold at most WARP_GROUP_PACKS packs (one row a group), except the norms' rows of
+    WARP_SPREAD_PACKS packs in float compute, which take a lane a pack and WARP_SPREAD_VALUES
+    values a lane in rows; from 32 x WARP_GROUP_PACKS packs on, 32 lanes as before. Scalar
+    packs and the residual norms never narrow."""
     family = "softmax" if op in d.SOFTMAX_OPS else "norm"
     most, least = d.WARP_GROUP_PACKS[family], d.WARP_GROUP_MIN_PACKS[family]
     full = 16 // ITEMSIZE[src]
+    spread = d.WARP_SPREAD_PACKS.get(family) if src != "float64" else None
     seen = set()
     for npacks in range(least, 32 * most + 1):
         pack, per_thread, group, rpg = _warp_row_config(op, src, npacks * full)
+        if npacks == spread:
+            assert (pack, per_thread, group) == (full, full, npacks)
+            assert rpg * per_thread == d.WARP_SPREAD_VALUES, (rpg, per_thread)
+            continue
         k = per_thread // pack
         assert pack == full and rpg == 1 and k <= most and group * k >= npacks, npacks
         assert group == 1 or (group // 2) * most < npacks, npacks  # the narrowest
