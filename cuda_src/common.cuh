@@ -439,7 +439,7 @@ template <typename C, typename DST> struct DirectStore {
   static constexpr bool kBatchParams = false;  // no parameters
   template <int N> struct Params {};
   __device__ DirectStore(DST* d, i64 l) : dst(d), ld(l) {}
-  // (WORDS and SPLIT: AffineStore's; nothing to load here.)
+  // (WORDS and SPLIT, here and in store: AffineStore's interface; no parameters to load.)
   template <int N, int R, bool WORDS = true, bool SPLIT = true>
   __device__ __forceinline__ void store_rows(const C* src, int stride, i64 row, i64 count,
                                              i64 col) const {
@@ -448,7 +448,6 @@ template <typename C, typename DST> struct DirectStore {
       if (r < count) store<N>(src + r * stride, row + r, col);
     }
   }
-  // (WORDS: how the parameters' packs convert, pack_to_compute; there are none here.)
   template <int N, bool WORDS = true>
   __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
     if constexpr (PairFromFloat<DST>::ok && IsSame<C, float>::value && N % 2 == 0) {
