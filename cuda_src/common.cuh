@@ -333,11 +333,16 @@ template <typename SRC, typename C> struct DirectLoad {
 
 // Asynchronous global -> shared copy of one pack (sm_80+ cp.async; 4, 8 or 16 bytes), and the
 // commit / wait of a group of them. A 2-byte pack is copied through a register instead.
-template <int BYTES>
+// L2_128B (16-byte packs): the L2 fetches the whole 128-byte line on a miss, for walks that
+// read a line's 32-byte sectors from several blocks (the strided path's narrow tiles).
+template <int BYTES, bool L2_128B = false>
 __device__ __forceinline__ void copy_async(void* smem_dst, const void* gmem_src) {
   if (BYTES >= 4) {
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    if (BYTES == 16) {
+    if (BYTES == 16 && L2_128B) {
+      asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src)
+                   : "memory");
+    } else if (BYTES == 16) {
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
     } else {
       asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem_src), "n"(BYTES)
@@ -359,6 +364,19 @@ __device__ __forceinline__ void copy_async_zfill16(unsigned smem_dst, const void
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+// The same with `pending` a constant only after unrolling (a loop over N groups): at most
+// min(pending, 3) groups left in flight.
+template <int N> __device__ __forceinline__ void copy_async_wait_dyn(int pending) {
+  if (N > 3 && pending >= 3) {
+    copy_async_wait<3>();
+  } else if (N > 2 && pending == 2) {
+    copy_async_wait<2>();
+  } else if (N > 1 && pending == 1) {
+    copy_async_wait<1>();
+  } else {
+    copy_async_wait<0>();
+  }
 }
 
 template <typename SRC, typename C>

@@ -76,6 +76,10 @@ template <typename C_, typename OUT, bool LOG> struct SoftmaxOp {
 // Dynamic shared memory, in MaxSum states of width = TX * PACK: W rows of partials, W =
 // blockDim.x / max(TX, 32) (one per warp's worth of TY), the final row, and on a cluster the
 // CLUSTER mail rows; then, cached, ceil(dim / CLUSTER) * width values of SRC.
+// cp.async groups of a cached slice (below); CUNORM_STRIDED_CHUNKS overrides it for measurement.
+#ifndef CUNORM_STRIDED_CHUNKS
+#define CUNORM_STRIDED_CHUNKS 2
+#endif
 template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE, int CLUSTER>
 __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 outer, i64 dim,
                                                      i64 inner, i64 ldx_outer, i64 ldx_dim,
@@ -116,23 +120,44 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     if (active && CACHE) {
       // Cached: the slice streams into shared memory by cp.async (every pack in flight at
       // once), then the max and the sum come from shared memory. Each thread reads back only
-      // what it copied: its own wait suffices, no barrier. (An online pass, folding each
-      // chunk of rows as its copy landed, measured 10-20% slower than the two passes. The
-      // passes unroll by 2: by 4, bfloat16 cluster kernels spilled under their 80 registers,
-      // at the same speed otherwise.)
-      for (i64 d = d_begin + ty; d < d_end; d += ty_count)
-        copy_async<sizeof(Pack<SRC, PACK>)>(slab + d * width, xo + d * ldx_dim);
-      copy_async_commit();
-      copy_async_wait<0>();
-#pragma unroll 2
-      for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
-        C v[PACK];
-        pack_to_compute<C>(load_pack<SRC, PACK>(slab + d * width), v);
+      // what it copied: its own wait suffices, no barrier. The copies go in CH groups and
+      // the max pass takes each group's rows as it lands, so the first half's max overlaps
+      // the second half's loads; each copy asks the L2 for the whole 128-byte line (a tile
+      // is 32-64 bytes of it, the rest read by the neighbouring tiles' clusters). H200, one
+      // process, GB/s: float16 (16, 4096, 1024) 2846 -> 2892, (16, 2048, 2048) 2890 -> 3001,
+      // (8, 512, 8192) 2789 -> 2903, (4, 8192, 512) 1575 -> 1673; bfloat16 (16, 4096, 1024)
+      // 2822 -> 2847; float32 (32, 21, 256, 256) 3502 -> 3554, (8, 4096, 1024) 2568 -> 2548.
+      // A copy of the same walk, without the softmax, runs at 3321 GB/s on 64-byte tiles,
+      // 3500 with the L2 hint, 3765 on 128-byte tiles (which fit no portable cluster's 32 KB
+      // slices). 4 groups without the hint gained less (2858); an online pass, folding the
+      // sum in as each group lands (one rescale a group), lost: 2865 with 2 groups, 2843
+      // with 3, 2741 with 4 (and 10-20% with 2-4-row groups, before). (nvidia-h200-2026-11-
+      // 23-strided-profile.txt.) The passes unroll by 2: by 4, bfloat16 cluster kernels
+      // spilled under their 80 registers, at the same speed otherwise.
+      constexpr int CH = CUNORM_STRIDED_CHUNKS;
+      const i64 d0 = d_begin + ty;
+      const int n = d0 < d_end ? static_cast<int>((d_end - d0 + ty_count - 1) / ty_count) : 0;
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
+      for (int g = 0; g < CH; ++g) {
+        for (int i = g * n / CH; i < (g + 1) * n / CH; ++i) {
+          const i64 d = d0 + static_cast<i64>(i) * ty_count;
+          copy_async<sizeof(Pack<SRC, PACK>), true>(slab + d * width, xo + d * ldx_dim);
+        }
+        copy_async_commit();
+      }
+#pragma unroll
+      for (int g = 0; g < CH; ++g) {
+        copy_async_wait_dyn<CH>(CH - 1 - g);
+#pragma unroll 2
+        for (int i = g * n / CH; i < (g + 1) * n / CH; ++i) {
+          C v[PACK];
+          pack_to_compute<C>(load_pack<SRC, PACK>(slab + (d0 + static_cast<i64>(i) * ty_count) * width), v);
+#pragma unroll
+          for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
+        }
       }
 #pragma unroll 2
-      for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
+      for (i64 d = d0; d < d_end; d += ty_count) {
         C v[PACK];
         pack_to_compute<C>(load_pack<SRC, PACK>(slab + d * width), v);
 #pragma unroll

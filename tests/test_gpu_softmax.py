@@ -328,6 +328,46 @@ def test_special_values(op, dtype, cols):
             np.testing.assert_array_equal(np.isinf(y[r]), np.isinf(ref[r]))
 
 
+@pytest.mark.parametrize("path", ["strided-cached", "strided"])
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dim", [5, 1000, 8192, 20000])
+def test_strided_special_values(path, op, dtype, dim):
+    """Special values along a non-last axis, placed in either half of dim: the cached kernels
+    fold a slice in chunks as their copies land (a chunk of -inf before finite values, a
+    later chunk raising the max or holding +inf), and the twice-read ones in runs of rows."""
+    inner = 16
+    xh = (_rng(dim).standard_normal((2, dim, inner)) * 2).astype(dtype)
+    half = dim // 2
+    xh[0, half, 0] = np.nan            # NaN -> NaN column
+    xh[0, :, 1] = -np.inf              # all -inf -> NaN
+    xh[0, :half, 2] = -np.inf          # -inf first, finite after
+    xh[0, half:, 3] = -np.inf          # finite first, -inf after
+    xh[0, 0, 4] = np.inf               # +inf early -> NaN column
+    xh[0, dim - 1, 5] = np.inf         # +inf last -> NaN column
+    xh[0, :, 6] = np.linspace(-8, 8, dim)  # the max in the last row, raised chunk by chunk
+    xh[0, :, 7] = 1e4 if dtype != np.float16 else 6e4  # constant large: uniform
+    xh[0, ::2, 8] = -np.inf            # every other -inf
+    ref = reference(xh, 1, op == "log_softmax")
+    try:
+        with _dispatch.force_path(path):
+            out = OPS[op](cupy.asarray(xh), axis=1)
+    except ValueError as err:  # the cached path cannot hold every dim
+        assert path == "strided-cached" and "cache" in str(err)
+        return
+    y = cupy.asnumpy(out).astype(np.float64)
+    for o in range(2):
+        for i in range(inner):
+            yc, rc = y[o, :, i], ref[o, :, i]
+            where = f"path {path} column ({o}, {i})"
+            np.testing.assert_array_equal(np.isnan(yc), np.isnan(rc), err_msg=where)
+            np.testing.assert_array_equal(np.isinf(yc), np.isinf(rc), err_msg=where)
+            finite = np.isfinite(rc)
+            if finite.any():
+                err = np.abs(yc[finite] - rc[finite]).max() / np.abs(rc[finite]).max()
+                assert err <= TOL[dtype.name], where
+
+
 def test_properties_sum_and_shift():
     x, xh = random_input((100, 3000), np.float32, seed=9)
     y = cunorm.softmax(x)
