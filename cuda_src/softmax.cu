@@ -131,9 +131,9 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       // 3500 with the L2 hint, 3765 on 128-byte tiles (which fit no portable cluster's 32 KB
       // slices). 4 groups without the hint gained less (2858); an online pass, folding the
       // sum in as each group lands (one rescale a group), lost: 2865 with 2 groups, 2843
-      // with 3, 2741 with 4 (and 10-20% with 2-4-row groups, before). (nvidia-h200-2026-11-
-      // 23-strided-profile.txt.) The passes unroll by 2: by 4, bfloat16 cluster kernels
-      // spilled under their 80 registers, at the same speed otherwise.
+      // with 3, 2741 with 4 (and 10-20% with 2-4-row groups, before); benchmarks/results/
+      // nvidia-h200-2026-11-23-strided-walk-profile.txt. The passes unroll by 2: by 4,
+      // bfloat16 cluster kernels spilled under their 80 registers, at the same speed otherwise.
       constexpr int CH = CUNORM_STRIDED_CHUNKS;
       const i64 d0 = d_begin + ty;
       const int n = d0 < d_end ? static_cast<int>((d_end - d0 + ty_count - 1) / ty_count) : 0;
