@@ -277,10 +277,10 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
 // 3937 -> 4017; rms_norm 32768 (one block, 64 KB) 3952 -> 3874: 40 registers instead of 45
 // let a third 512-thread block in per SM, and two ran faster. The word is formed in PTX:
 // written in C++, nvcc took the pair apart again. The rows held in registers on the block
-// path (rows.cuh rows_block) convert their loaded packs and parameters element by element
-// (WORDS false): its 16-value bfloat16 norm kernels spilled at 32 registers with words. The
-// warp path (64 registers or more) and the residual's x + r (ResidualLoad::fetch) convert by
-// words (no spills).
+// path (rows.cuh rows_block) convert their loaded packs element by element (WORDS false:
+// the 16-value float16 layer_norm kernel spilled at 32 registers with words), and their
+// parameters too except in the 16-bit layer_norm kernels. The warp path (64 registers or
+// more) and the residual's x + r (ResidualLoad::fetch) convert by words (no spills).
 template <typename C, bool WORDS = true, typename T, int N>
 __device__ __forceinline__ void pack_to_compute(const Pack<T, N>& p, C* dst) {
   if constexpr (WORDS && IsSame<T, bf16_t>::value && N % 2 == 0) {
@@ -525,8 +525,8 @@ template <typename C, typename DST> struct AffineStore {
   // parameters loaded and converted once for all of them (the warp path's lane groups hold
   // several rows of the same columns). SPLIT: a branch of its own for weight and bias both
   // present, without the defaults' moves and predicated conversions (sm_90: 28 of 599
-  // instructions in the float16 256-column warp kernel); the block path's 16-bit kernels,
-  // compiled for 32 registers, spilled with it.
+  // instructions in the float16 256-column warp kernel); on the block path (32 registers)
+  // only the 16-bit layer_norm kernels take it (rows.cuh rows_block).
   template <int N, int R, bool WORDS = true, bool SPLIT = true>
   __device__ __forceinline__ void store_rows(const C* src, int stride, i64 row, i64 count,
                                              i64 col) const {

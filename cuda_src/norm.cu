@@ -8,7 +8,8 @@ namespace cunorm {
 // mean is carried as a sum of two compute-type values (hi + lo: the provisional mean and its
 // correction) so a row far from zero (1e4 + N(0, 1)) subtracts a mean more accurate than one
 // float: x - hi is exact when x is near the mean (Sterbenz), and lo corrects it. The register
-// paths keep d = x - hi from the second reduction and write fma(d, rstd, shift) with shift =
+// paths keep d = x - hi from the second reduction (the block path's one-pass kernels form it
+// again at the stores, rows.cuh rows_block) and write fma(d, rstd, shift) with shift =
 // -lo * rstd: one instruction a value instead of three, and one rounding instead of two. H200,
 // with 32-bit warp-path columns and no padding selects (rows.cuh), weight and bias: layer_norm
 // bfloat16 512 / 1024 / 2048 / 4096 cols 2959 -> 3078, 3581 -> 3692, 3534 -> 3636, 3660 -> 3753
@@ -182,7 +183,7 @@ template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
 __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(sizeof(SRC)),
                                     sizeof(SRC) == 4 && !RMS ? 4 : norm_block_full(sizeof(SRC)))
     norm_block(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_block<PACK, COLS>));
+  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>>));
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK>

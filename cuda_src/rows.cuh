@@ -37,7 +37,10 @@ constexpr int kUnrollValues = 16;
 // The N packs a thread of a register path holds of a row (or of a chunk of it): pack u is
 // at(u) = {row, col, valid}. Every valid raw pack is fetched before any is converted; then
 // every pack is converted (element by element: common.cuh pack_to_compute) and the invalid
-// ones overwritten with OP::pad() (raw packs start zeroed). With the conversion inside each
+// ones overwritten with OP::pad() (raw packs start zeroed: with !PAD, which the block path
+// passes for kZeroPad ops, they stay as converted, 16 selects fewer a row-thread in the 16-bit
+// layer_norm kernels; without them ptxas spilled the uncached float32 layer_norm kernels with
+// scalar packs, which keep them). With the conversion inside each
 // pack's bounds test, nvcc 13 branched around the bfloat16 ones instead of predicating them,
 // and each load waited for the one before: half the bytes in flight, 3636 GB/s against
 // float16's 4220 on the same block kernel (H200, 8192 columns). Returns the number of valid
@@ -47,7 +50,7 @@ template <typename COL> struct PackAt {
   COL col;
   bool valid;
 };
-template <int N, int PACK, class OP, class LOAD, class AT, class DST>
+template <int N, int PACK, class OP, bool PAD = true, class LOAD, class AT, class DST>
 __device__ __forceinline__ int load_packs(const LOAD& load, const AT& at, const DST& dst) {
   Pack<typename LOAD::raw_t, PACK> raw[N] = {};
 #pragma unroll
@@ -63,7 +66,7 @@ __device__ __forceinline__ int load_packs(const LOAD& load, const AT& at, const 
     load.template convert<PACK, false>(raw[u], v, a.row, a.col);
     if (a.valid) {
       nvalid += PACK;
-    } else {
+    } else if constexpr (PAD) {
 #pragma unroll
       for (int i = 0; i < PACK; ++i) v[i] = OP::pad();
     }
@@ -238,12 +241,40 @@ __host__ __device__ constexpr int block_min_blocks(int pack_bytes, int cols, int
   __launch_bounds__(block_max_threads(PACK_BYTES, COLS, FULL),                               \
                     block_min_blocks(PACK_BYTES, COLS, FULL, SHORT))
 
+// Row index of the block kernels (ROW of rows_block): 32-bit for rows in full packs of at most
+// 16 values a thread (the kernels compiled for 32-40 registers; the dispatcher keeps the block
+// path to rows < 2^31, cunorm/_dispatch.py BLOCK_MAX_ROWS), where a 64-bit row took a register
+// pair and 12-29 SASS instructions of 470-770 (sm_90) and the 16-bit layer_norm kernels need
+// the registers (word stores, below); 64-bit for the others, whose 32-bit ones spilled 12 bytes
+// (softmax of 24 16-bit values a thread to float32 on sm_90, float32 layer_norm with a
+// residual in scalar packs on sm_80).
+template <int PACK_BYTES, int COLS>
+using BlockRow = typename Conditional<block_row_in_full_packs(PACK_BYTES, COLS), unsigned,
+                                      i64>::type;
+
 // ---------------------------------------------------------------------------------------
 // Block-register path: the row lives in the registers of a whole block (COLS values per
 // thread, packs strided by blockDim.x), as the warp path keeps it in one warp's; the two
 // reductions go through shared memory. For rows too long for a warp and short enough that
-// each of up to 512 threads holds a few dozen values: one read per element.
-template <int PACK, int COLS, class OP, class LOAD, class STORE>
+// each of up to 512 threads holds a few dozen values: one read per element. ROW counts rows
+// (BlockRow, above).
+//
+// The one-pass ops (16-bit layer_norm) keep x in buf through both sums and form y from
+// x - s1 at the stores (s1 = 0 unless the row was summed again about its mean): where a redo
+// replaced buf by its deviations, the two versions of the row met at the stores and took 2-3
+// registers more (spills at 32, nvcc 13, sm_90). That costs one add a value. With them free,
+// those kernels store by words, weight and bias in a branch of their own (AffineStore
+// store_rows WORDS and SPLIT: bfloat16 parameters convert two a word in one instruction each,
+// not three). H200, one process against the previous sources, weight and bias, GB/s
+// (tools/gpu_profile.py block-row-sources; benchmarks/results/nvidia-h200-2026-11-23-block-
+// rows-profile.txt): bfloat16 2048 / 3000 / 4096 / 8192 cols 3748 -> 3881 / 3646 -> 3785 /
+// 3847 -> 3993 / 3830 -> 3965, float16 3926 -> 3976 / 3819 -> 3904 / 4045 -> 4107 / 4000 ->
+// 4023, rows 200 off 0 (every row summed again) float16 4096 3698 -> 3762, bfloat16 3500 ->
+// 3667; but 16384 cols (the same kernels on 1024-thread blocks) float16 3885 -> 3857,
+// bfloat16 3956 -> 3890. The others keep element-wise stores: rms_norm lost 2.5% with word
+// stores (weight only: no split branch), and the float32 layer_norm kernel of 32 values a
+// thread spilled 24 bytes.
+template <int PACK, int COLS, typename ROW, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const STORE& store,
                                            i64 rows, i64 cols) {
   static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
@@ -269,14 +300,16 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
       const bool valid = OP::kPadSafe || pack_col(p) < ncols;
 #pragma unroll
       for (int i = 0; i < PACK; ++i) {
-        const A t = op.second(buf[p * PACK + i], s1);
+        C v = buf[p * PACK + i];
+        const A t = op.second(v, s1);
+        if (!OP::kOnePass) buf[p * PACK + i] = v;  // the kept value (kOnePass: x stays)
         if (valid) s2 += t;
       }
     }
     return block_all_reduce<SumOp<A>>(s2, scratch2);
   };
-  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    load_packs<NPACK, PACK, OP>(load, [&](int p) {
+  for (ROW row = blockIdx.x; row < static_cast<ROW>(rows); row += gridDim.x) {
+    load_packs<NPACK, PACK, OP, !OP::kZeroPad>(load, [&](int p) {
       const unsigned col = pack_col(p);
       return PackAt<unsigned>{row, col, col < ncols};
     }, [&](int p) { return buf + p * PACK; });
@@ -290,18 +323,24 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     A s2 = second_sum(s1);
     if constexpr (OP::kOnePass) {
       if (op.redo(s2, cols)) {  // block-uniform: every thread has the reduced bits
-        s1 = op.recenter(s2, cols);  // buf holds x still (second() about 0 kept x - 0)
+        s1 = op.recenter(s2, cols);  // buf holds x still
         s2 = second_sum(s1);
       }
     }
     const typename OP::Fin fin = op.finish(s1, s2, cols);
     if (threadIdx.x == 0) op.write_stats(row, fin);
 #pragma unroll
-    for (int i = 0; i < COLS; ++i) buf[i] = fin.kept(buf[i]);
+    for (int i = 0; i < COLS; ++i) buf[i] = fin.kept(OP::kOnePass ? buf[i] - s1 : buf[i]);
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
       const unsigned col = pack_col(p);
-      if (col < ncols) store.template store<PACK, false>(buf + p * PACK, row, col);
+      if (col < ncols) {
+        if constexpr (OP::kOnePass) {
+          store.template store_rows<PACK, 1, true, true>(buf + p * PACK, 0, row, 1, col);
+        } else {
+          store.template store<PACK, false>(buf + p * PACK, row, col);
+        }
+      }
     }
   }
 }

@@ -279,7 +279,9 @@ __global__ void CUNORM_BLOCK_BOUNDS(
     sizeof(SRC) == 2 && sizeof(DST) == 2 ? 4 : sizeof(SRC) < 8 && sizeof(DST) < 8 ? 3 : 1,
     sizeof(SRC) < 8 && sizeof(DST) < 8 ? 4 : 1)
     softmax_block(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
-  CUNORM_SOFTMAX_ROWS((rows_block<PACK, COLS>));
+  CUNORM_SOFTMAX_ROWS(
+      (rows_block<PACK, COLS,
+                  BlockRow<PACK * (sizeof(SRC) > sizeof(DST) ? sizeof(SRC) : sizeof(DST)), COLS>>));
 }
 
 template <typename SRC, typename DST, bool LOG, int PACK>

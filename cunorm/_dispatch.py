@@ -233,6 +233,10 @@ BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
 UNCACHED_BLOCK = 512  # = __launch_bounds__ of softmax_uncached
 STRIDED_BLOCK = 128  # threads of a strided block (at most the kernels' bound, 256)
 MAX_GRID = 2**31 - 1  # gridDim.x limit; kernels loop over rows beyond it
+# The block kernels count rows in 32 bits (rows.cuh rows_block: row + gridDim.x stays below
+# 2^32); more rows take the next path. (Its rows are longer than the warp path's: 2^31 of
+# them would not fit in any GPU's memory.)
+BLOCK_MAX_ROWS = 2**31 - 1
 # Static shared memory of the smem kernels (reduction scratch and cluster mail), reserved out
 # of the opt-in limit; tests/test_nvcc.py checks every smem and strided kernel against it (the
 # largest, float64 layer_norm on a cluster of 16: 1200 bytes).
@@ -584,7 +588,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
 
     path = force
     if path is None:
-        path = _choose_row_path(op, family, src, dst, cols, pack, cbytes, props, residual)
+        path = _choose_row_path(op, family, src, dst, rows, cols, pack, cbytes, props,
+                                residual)
     if path == "warp":
         cfg = warp_config(cols, pack, cbytes, family, narrow_groups(src, dst, pack, residual))
         if cfg is None:
@@ -595,6 +600,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
         return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
     if path == "block":
+        if rows > BLOCK_MAX_ROWS:
+            raise ValueError(f"path 'block' takes at most {BLOCK_MAX_ROWS} rows, got {rows}")
         cfg = None if force is not None else auto_block_config(op, src, dst, cols, pack,
                                                                props.arch, residual)
         cfg = cfg or block_config(cols, pack, cbytes, family,
@@ -684,14 +691,15 @@ def auto_block_config(op: str, src: str, dst: str, cols: int, pack: int, arch: i
     return block_mid_config(op, src, dst, cols, pack, arch, residual) or bcfg
 
 
-def _choose_row_path(op: str, family: str, src: str, dst: str, cols: int, pack: int,
-                     cbytes: int, props: DeviceProps, residual: bool = False) -> str:
+def _choose_row_path(op: str, family: str, src: str, dst: str, rows: int, cols: int,
+                     pack: int, cbytes: int, props: DeviceProps, residual: bool = False) -> str:
     isz = ITEMSIZE[src]
     narrow = narrow_groups(src, dst, pack, residual)
     if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family,
                                                   narrow) is not None:
         return "warp"
-    if auto_block_config(op, src, dst, cols, pack, props.arch, residual) is not None:
+    if rows <= BLOCK_MAX_ROWS and auto_block_config(op, src, dst, cols, pack, props.arch,
+                                                    residual) is not None:
         return "block"
     smem_max = (LAYER_NORM_SMEM_MAX_COLS if op == "layer_norm" else SMEM_MAX_COLS)[isz]
     if (cols <= smem_max or not props.has_clusters) and smem_config(

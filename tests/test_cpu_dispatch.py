@@ -395,6 +395,21 @@ def test_forced_block_beyond_registers_raises(src: str, dst: str) -> None:
         rows_plan(most + 1, src, dst, force="block", align=1)
 
 
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+def test_block_path_rows_fit_32_bits(op: str) -> None:
+    """The block kernels count rows in 32 bits: past BLOCK_MAX_ROWS a block-path row goes to
+    the next path, and forcing the block path raises."""
+    most = d.BLOCK_MAX_ROWS
+    assert most + d.MAX_GRID < 2**32  # row + gridDim.x does not wrap
+    assert rows_plan(2048, "float16", rows=most, op=op).path == "block"
+    plan = rows_plan(2048, "float16", rows=most + 1, op=op)
+    assert plan.path == "smem"
+    assert plan.grid <= d.MAX_GRID
+    assert rows_plan(2048, "float16", rows=most, op=op, force="block").path == "block"
+    with pytest.raises(ValueError, match=f"block.*at most {most} rows, got {most + 1}"):
+        rows_plan(2048, "float16", rows=most + 1, op=op, force="block")
+
+
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 @pytest.mark.parametrize("props", DEVICES, ids=lambda p: p.name)
 def test_block_path_between_warp_and_block_limits(src: str, dst: str,

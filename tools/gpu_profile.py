@@ -36,7 +36,8 @@ built from this checkout's kernel sources against those in folder $CUNORM_BASE_S
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
 path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 16-bit rows
 of 1000-1536 columns on the block path against the warp path, ``warp-norm-sources``: the
-norms' warp-path rows against $CUNORM_BASE_SOURCES, ``convert-sources``: bfloat16 rows);
+norms' warp-path rows against $CUNORM_BASE_SOURCES, ``convert-sources``: bfloat16 rows,
+``block-row-sources``: block-path rows of every row op);
 ``attention-tiles`` the D = 64 attention kernel with other key tiles, ``attention-sources``
 attention built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
@@ -90,6 +91,8 @@ COMMANDS = {
                                                    cases=norms.WARP_NORM_CASES),
     "convert-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
                                                  cases=norms.CONVERT_CASES),
+    "block-row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
+                                                   cases=norms.BLOCK_ROW_CASES),
     "warp-edge-blocks": lambda: block_variants(norms.WARP_EDGE_CASES, norms.WARP_EDGE_VARIANTS,
                                                49152),
     "attention-persistent": lambda: attn.attention_sources(

@@ -457,6 +457,22 @@ CONVERT_CASES += [("softmax", "bfloat16", 8192), ("softmax", "bfloat16", 32768),
                   ("log_softmax", "bfloat16", 1024), ("layer_norm", "float16", 32768),
                   ("layer_norm_residual", "float32", 16384), ("layer_norm", "float32", 262144)]
 
+# Block-path rows (2048-16384 columns) of every row op, 16-bit layer_norm rows 200 off 0 (every
+# row summed again) and one cluster row as a control: the block kernels' 32-bit rows and the
+# 16-bit layer_norm word stores (rows.cuh rows_block) against the previous sources
+# (block-row-sources).
+BLOCK_ROW_CASES = [(op, dt, c) for dt in ("float16", "bfloat16")
+                   for op, cols in (("layer_norm", (2048, 3000, 4096, 6144, 8192, 16384)),
+                                    ("rms_norm", (2048, 4096, 8192)),
+                                    ("layer_norm_offset", (4096,)),
+                                    ("layer_norm_residual", (4096,)))
+                   for c in cols]
+BLOCK_ROW_CASES += [("layer_norm", "float32", c) for c in (2048, 4096, 8192)]
+BLOCK_ROW_CASES += [("rms_norm", "float32", 4096), ("log_softmax", "bfloat16", 4096),
+                    ("layer_norm", "bfloat16", 262144)]
+BLOCK_ROW_CASES += [("softmax", dt, c) for dt in ("float16", "bfloat16", "float32")
+                    for c in (2048, 8192)]
+
 
 def row_sources(base: str, rounds: int = 2, cases=SOURCE_CASES) -> None:
     """GB/s (padded event timer) of ``cases``, norms' weight (and bias) included, with kernels
