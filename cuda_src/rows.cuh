@@ -335,11 +335,8 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     for (int p = 0; p < NPACK; ++p) {
       const unsigned col = pack_col(p);
       if (col < ncols) {
-        if constexpr (OP::kOnePass) {
-          store.template store_rows<PACK, 1, true, true>(buf + p * PACK, 0, row, 1, col);
-        } else {
-          store.template store<PACK, false>(buf + p * PACK, row, col);
-        }
+        store.template store_rows<PACK, 1, OP::kOnePass, OP::kOnePass>(buf + p * PACK, 0, row,
+                                                                        1, col);
       }
     }
   }

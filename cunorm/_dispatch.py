@@ -233,9 +233,10 @@ BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
 UNCACHED_BLOCK = 512  # = __launch_bounds__ of softmax_uncached
 STRIDED_BLOCK = 128  # threads of a strided block (at most the kernels' bound, 256)
 MAX_GRID = 2**31 - 1  # gridDim.x limit; kernels loop over rows beyond it
-# The block kernels count rows in 32 bits (rows.cuh rows_block: row + gridDim.x stays below
-# 2^32); more rows take the next path. (Its rows are longer than the warp path's: 2^31 of
-# them would not fit in any GPU's memory.)
+# Rows the block path takes: its kernels of at most 16 values a thread in full packs count rows
+# in 32 bits (rows.cuh BlockRow: row + gridDim.x stays below 2^32), and one limit serves them
+# all; more rows take the next path. (Its rows are longer than the warp path's: 2^31 of them
+# would not fit in any GPU's memory.)
 BLOCK_MAX_ROWS = 2**31 - 1
 # Static shared memory of the smem kernels (reduction scratch and cluster mail), reserved out
 # of the opt-in limit; tests/test_nvcc.py checks every smem and strided kernel against it (the
