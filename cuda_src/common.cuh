@@ -19,6 +19,9 @@ template <typename A, typename B> struct IsSame { static constexpr bool value = 
 template <typename A> struct IsSame<A, A> { static constexpr bool value = true; };
 template <bool B, typename T, typename F> struct Conditional { typedef T type; };
 template <typename T, typename F> struct Conditional<false, T, F> { typedef F type; };
+template <typename T> struct RemoveCvRef { typedef T type; };
+template <typename T> struct RemoveCvRef<const T> { typedef T type; };
+template <typename T> struct RemoveCvRef<T&> { typedef typename RemoveCvRef<T>::type type; };
 
 // Arithmetic type for a storage type: float for the 16-bit types, itself otherwise.
 template <typename T> struct ComputeOf { typedef T type; };
@@ -446,11 +449,14 @@ template <> struct PairFromFloat<bf16_t> {
 // STORE functors: store<N>(values, row, col) writes N compute values to (row, col..col+N),
 // store_rows<N, R>(values, stride, row, count, col) the same columns of R rows (the first
 // `count` of them; the warp path's lane groups hold several rows).
-// Each names its per-column parameters Params<N> (empty for DirectStore). One with
-// kBatchParams also splits its store in two, params<N>(col) loading them and store<N>(values,
-// row, col, params) using them, so the streaming paths can put the parameter loads of several
-// packs in flight before the first store (rows.cuh StoreBatch): the compiler cannot move a
-// load above an earlier store to y by itself, as y might alias the parameters.
+// Each names its per-column parameters Params<N> (empty for DirectStore) and splits its store
+// in two, params<N>(col) loading them and store<N>(values, row, col, params) using them, so
+// a caller can put parameter loads in flight early: the streaming paths those of several
+// packs before the first store (for a functor with kBatchParams: rows.cuh StoreBatch), the
+// warp path a short row's with the row (rows.cuh warp_early_params). The compiler cannot move
+// a load above an earlier store to y by itself, as y might alias the parameters.
+// with_known_params(f) calls f with the functor, or with one whose type says which
+// parameters are present (AffineStore).
 template <typename C, typename DST> struct DirectStore {
   DST* dst;
   i64 ld;
@@ -465,6 +471,12 @@ template <typename C, typename DST> struct DirectStore {
     for (int r = 0; r < R; ++r) {
       if (r < count) store<N>(src + r * stride, row + r, col);
     }
+  }
+  template <class F> __device__ __forceinline__ void with_known_params(const F& f) const { f(*this); }
+  template <int N> __device__ __forceinline__ Params<N> params(i64) const { return {}; }
+  template <int N>
+  __device__ __forceinline__ void store(const C* src, i64 row, i64 col, const Params<N>&) const {
+    store<N>(src, row, col);
   }
   template <int N, bool WORDS = true>
   __device__ __forceinline__ void store(const C* src, i64 row, i64 col) const {
@@ -485,8 +497,9 @@ template <typename C, typename DST> struct DirectStore {
 
 // Affine STORE functor (layer_norm / rms_norm): y = v * weight[col] + bias[col], either
 // parameter optional (a null pointer; the test is uniform across the block). The parameters
-// have the output's storage type and are read as packs; they stay in L1/L2 across rows.
-template <typename C, typename DST> struct AffineStore {
+// have the output's storage type and are read as packs; they stay in L1/L2 across rows. BOTH:
+// both parameters are known to be present (with_known_params), so no store tests them.
+template <typename C, typename DST, bool BOTH = false> struct AffineStore {
   DirectStore<C, DST> out;
   const DST* weight;
   const DST* bias;
@@ -496,23 +509,40 @@ template <typename C, typename DST> struct AffineStore {
   static constexpr bool kBatchParams = sizeof(DST) >= 4;
   template <int N> struct Params { Pack<DST, N> w, b; };
   __device__ AffineStore(DST* d, i64 l, const DST* w, const DST* b) : out(d, l), weight(w), bias(b) {}
+  __device__ __forceinline__ bool has_weight() const { return BOTH || weight != nullptr; }
+  __device__ __forceinline__ bool has_bias() const { return BOTH || bias != nullptr; }
+  // f(functor) with the functor for these parameters: where both are present, one whose type
+  // says so, for a caller that stores many packs (the warp path's row of up to 32 packs a
+  // lane) and so tests their presence once instead of at every pack: sm_90, float16 layer_norm
+  // 1024-column warp kernel, 578 instructions a row against Inductor's 342, ~24 a pack of
+  // them in the store phase's tests, branches and addresses (benchmarks/results/nvidia-h200-
+  // 2026-11-23-warp-vs-inductor-profile.txt).
+  template <class F> __device__ __forceinline__ void with_known_params(const F& f) const {
+    if (!BOTH && weight != nullptr && bias != nullptr) {
+      f(AffineStore<C, DST, true>(out.dst, out.ld, weight, bias));
+    } else {
+      f(*this);
+    }
+  }
   template <int N> __device__ __forceinline__ Params<N> params(i64 col) const {
     Params<N> prm;
-    if (weight != nullptr) prm.w = load_pack<DST, N>(weight + col);
-    if (bias != nullptr) prm.b = load_pack<DST, N>(bias + col);
+    if (has_weight()) prm.w = load_pack<DST, N>(weight + col);
+    if (has_bias()) prm.b = load_pack<DST, N>(bias + col);
     return prm;
   }
   template <int N>
   __device__ __forceinline__ void store(const C* src, i64 row, i64 col, const Params<N>& prm) const {
-    // v * w + b in one rounding (fma); an absent parameter is w = 1 or b = 0. (Batched
-    // parameters are 4 or 8 bytes wide: nothing to convert.)
-    C v[N];
+    // v * w + b in one rounding (fma); an absent parameter is w = 1 or b = 0.
+    C w[N], b[N], v[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const C w = weight != nullptr ? to_compute<C>(prm.w.v[i]) : C(1);
-      const C b = bias != nullptr ? to_compute<C>(prm.b.v[i]) : C(0);
-      v[i] = fma(src[i], w, b);
+      w[i] = C(1);
+      b[i] = C(0);
     }
+    if (has_weight()) pack_to_compute<C>(prm.w, w);
+    if (has_bias()) pack_to_compute<C>(prm.b, b);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = fma(src[i], w[i], b[i]);
     out.template store<N>(v, row, col);
   }
   // The same, loading the parameters here: in the register paths' unrolled stores the form
@@ -542,7 +572,7 @@ template <typename C, typename DST> struct AffineStore {
         }
       }
     };
-    if (SPLIT && weight != nullptr && bias != nullptr) {
+    if (BOTH || (SPLIT && weight != nullptr && bias != nullptr)) {
       pack_to_compute<C, WORDS>(load_pack<DST, N>(weight + col), w);
       pack_to_compute<C, WORDS>(load_pack<DST, N>(bias + col), b);
       put();

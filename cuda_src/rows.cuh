@@ -112,6 +112,25 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // thread; packs past `cols` are padding (one compare per pack, cheaper than a second
 // instantiation of every configuration). The row stays in registers, so both reductions cost
 // shuffles only.
+//
+// The STORE functor's parameters (weight and bias) are known present or not (AffineStore::
+// with_known_params), so no pack tests them, and a 32-lane group of one row skips the row
+// test: sm_90, float16 layer_norm 1024 columns, a pack's store went from ~56 SASS instructions
+// to 36. Rows of at most 256 columns on one row a group (warp_early_params: the group's
+// columns, GROUP x COLS, 64-256) also load the lane's parameters right after its row, so their
+// latency passes under the row's instead of following the reductions. H200, weight and bias,
+// one process against the previous sources (tools/gpu_profile.py warp-row-sources;
+// benchmarks/results/nvidia-h200-2026-11-23-warp-params-profile.txt), GB/s: layer_norm float16
+// 128 / 256 / 1024 cols 1996 -> 2141 / 2696 -> 2801 / 3710 -> 3748, bfloat16 1966 -> 2143 /
+// 2718 -> 2796 / 3716 -> 3750, float32 64 / 128 / 256 2141 -> 2211 / 2752 -> 2865 / 3336 ->
+// 3411, rms_norm float16 128 2062 -> 2185; softmax within 0.5%. Parameters loaded early
+// elsewhere cost more than they hid (a build loading them early on every row of at most 16
+// values a lane): 16 registers more on 512 16-bit columns (float16 layer_norm 3308 -> 3276),
+// a spill on float32 rows of 16 values a lane (3787 -> 3511), and 32-column 16-bit rows (16 a
+// warp) and 64-column ones (two a group) lost 2-5%.
+__host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows) {
+  return rows == 1 && group * cols >= 64 && group * cols <= 256;
+}
 template <int PACK, int COLS, int GROUP, int ROWS, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const STORE& store,
                                           i64 rows, i64 cols) {
@@ -121,90 +140,135 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   typedef typename OP::S1 S1;
   constexpr int NPACK = COLS / PACK;
   constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
+  constexpr bool EARLY = warp_early_params(COLS, GROUP, ROWS);
   const int lane = threadIdx.x % GROUP;
   const int group_in_warp = (threadIdx.x % 32) / GROUP;
   const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const i64 step = static_cast<i64>(gridDim.x) * blockDim.x / 32 * ROWS_PER_WARP;
-  C buf[ROWS][COLS];
-  // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
-  // past the end are masked instead.
   // Column of pack p: 32-bit, as on the block path (a warp-path row has at most 32 x 48).
   const unsigned ncols = static_cast<unsigned>(cols);
   const auto pack_col = [&](int p) { return (static_cast<unsigned>(p) * GROUP + lane) * PACK; };
-  for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
-    const i64 row0 = base + group_in_warp * ROWS;
-    // load_packs over the ROWS x NPACK packs, written out: through the helper (pack u of row
-    // u / NPACK) ptxas allocated the warp kernels differently, 2270 more registers summed
-    // over the norm warp instantiations and 5 of them spilling (nvcc 13, sm_90). The packs
-    // are held as 32-bit words and converted (and the parameters at the stores) by words
-    // (pack_to_compute WORDS): sm_90, float16 layer_norm 256 columns 599 -> 571 SASS
-    // instructions, bfloat16 643 -> 616, softmax float16 1024 836 -> 781.
-    typedef Pack<typename LOAD::raw_t, PACK> RawPack;
-    Words<RawPack> raw[ROWS][NPACK] = {};
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int p = 0; p < NPACK; ++p) {
-        const unsigned col = pack_col(p);
-        if (row0 + r < rows && col < ncols)
-          raw[r][p] = to_words(load.template fetch<PACK>(row0 + r, col));
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int p = 0; p < NPACK; ++p) {
-        const unsigned col = pack_col(p);
-        load.template convert<PACK, true>(from_words<RawPack>(raw[r][p]), buf[r] + p * PACK,
-                                          row0 + r, col);
-        if (!OP::kZeroPad && (row0 + r >= rows || col >= ncols)) {
-#pragma unroll
-          for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
-        }
-      }
-    }
-    S1 s1[ROWS] = {};
-    if constexpr (OP::kFirst) {
+  // The row loop on STORE functor st: with parameters known present or not (EARLY, whose
+  // loads precede the loop's stores), else per row group at its stores.
+  const auto row_loop = [&](const auto& st) {
+    // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
+    // past the end are masked instead.
+    for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
+      const i64 row0 = base + group_in_warp * ROWS;
+      // load_packs over the ROWS x NPACK packs, written out: through the helper (pack u of
+      // row u / NPACK) ptxas allocated the warp kernels differently, 2270 more registers
+      // summed over the norm warp instantiations and 5 of them spilling (nvcc 13, sm_90). The
+      // packs are held as 32-bit words and converted (and the parameters at the stores) by
+      // words (pack_to_compute WORDS): sm_90, float16 layer_norm 256 columns 599 -> 571 SASS
+      // instructions, bfloat16 643 -> 616, softmax float16 1024 836 -> 781.
+      typedef Pack<typename LOAD::raw_t, PACK> RawPack;
+      Words<RawPack> raw[ROWS][NPACK] = {};
+      C buf[ROWS][COLS];
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
-        s1[r] = OP::R1::identity();
 #pragma unroll
-        for (int i = 0; i < COLS; ++i) s1[r] = op.first(s1[r], buf[r][i]);
-        s1[r] = op.middle(group_all_reduce<typename OP::R1, GROUP>(s1[r]), cols);
-      }
-    }
-    A s2[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      s2[r] = A{};
-#pragma unroll
-      for (int p = 0; p < NPACK; ++p) {
-        const bool valid = OP::kPadSafe || pack_col(p) < ncols;
-#pragma unroll
-        for (int i = 0; i < PACK; ++i) {
-          const A t = op.second(buf[r][p * PACK + i], s1[r]);
-          if (valid) s2[r] += t;
+        for (int p = 0; p < NPACK; ++p) {
+          const unsigned col = pack_col(p);
+          if (row0 + r < rows && col < ncols)
+            raw[r][p] = to_words(load.template fetch<PACK>(row0 + r, col));
         }
       }
-      s2[r] = group_all_reduce<SumOp<A>, GROUP>(s2[r]);
-    }
+      typename RemoveCvRef<decltype(st)>::type::template Params<PACK> prm[EARLY ? NPACK : 1];
+      if constexpr (EARLY) {
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (row0 + r >= rows) break;
-      const typename OP::Fin fin = op.finish(s1[r], s2[r], cols);
-      if (lane == 0) op.write_stats(row0 + r, fin);
+        for (int p = 0; p < NPACK; ++p) {
+          if (pack_col(p) < ncols) prm[p] = st.template params<PACK>(pack_col(p));
+        }
+      }
 #pragma unroll
-      for (int i = 0; i < COLS; ++i) buf[r][i] = fin.kept(buf[r][i]);
-    }
-    // Pack by pack, each pack's parameters loaded and converted once for the group's rows
-    // (cunorm/_dispatch.py WARP_SPREAD_PACKS).
+      for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
-    for (int p = 0; p < NPACK; ++p) {
-      const unsigned col = pack_col(p);
-      if (col < ncols) {
-        store.template store_rows<PACK, ROWS, true>(buf[0] + p * PACK, COLS, row0, rows - row0, col);
+        for (int p = 0; p < NPACK; ++p) {
+          const unsigned col = pack_col(p);
+          load.template convert<PACK, true>(from_words<RawPack>(raw[r][p]), buf[r] + p * PACK,
+                                            row0 + r, col);
+          if (!OP::kZeroPad && (row0 + r >= rows || col >= ncols)) {
+#pragma unroll
+            for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
+          }
+        }
+      }
+      S1 s1[ROWS] = {};
+      if constexpr (OP::kFirst) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          s1[r] = OP::R1::identity();
+#pragma unroll
+          for (int i = 0; i < COLS; ++i) s1[r] = op.first(s1[r], buf[r][i]);
+          s1[r] = op.middle(group_all_reduce<typename OP::R1, GROUP>(s1[r]), cols);
+        }
+      }
+      A s2[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        s2[r] = A{};
+#pragma unroll
+        for (int p = 0; p < NPACK; ++p) {
+          const bool valid = OP::kPadSafe || pack_col(p) < ncols;
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) {
+            const A t = op.second(buf[r][p * PACK + i], s1[r]);
+            if (valid) s2[r] += t;
+          }
+        }
+        s2[r] = group_all_reduce<SumOp<A>, GROUP>(s2[r]);
+      }
+      // The kept values in place; EARLY at each pack's store, each finish unconditional (with
+      // the finishes after the row test and the kept values formed here ptxas spilled 336
+      // bytes of bfloat16 layer_norm at 128 columns, 8 of three others).
+      typename OP::Fin fin[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        if (!EARLY && row0 + r >= rows) break;
+        fin[r] = op.finish(s1[r], s2[r], cols);
+        if (lane == 0 && row0 + r < rows) op.write_stats(row0 + r, fin[r]);
+#pragma unroll
+        for (int i = 0; i < COLS; ++i) {
+          if (!EARLY) buf[r][i] = fin[r].kept(buf[r][i]);
+        }
+      }
+      // Pack by pack, each pack's parameters loaded (unless EARLY) and converted once for the
+      // group's rows (cunorm/_dispatch.py WARP_SPREAD_PACKS). A 32-lane group of one row holds
+      // a row below `rows` (row0 = base), so a STORE with parameters skips the row test (a
+      // float32 layer_norm kernel with a residual spilled 8 bytes on sm_90 with it); one
+      // without keeps it (ptxas spilled 8-16 bytes of 16-bit to float32 log_softmax of 40-48
+      // values a lane on sm_80 without it).
+      constexpr bool kParams = sizeof(typename RemoveCvRef<decltype(st)>::type::template
+                                          Params<PACK>) > 1;
+      const i64 count = kParams && GROUP == 32 && ROWS == 1 ? 1 : rows - row0;
+      if constexpr (EARLY) {
+#pragma unroll
+        for (int p = 0; p < NPACK; ++p) {
+          const unsigned col = pack_col(p);
+          if (col < ncols && count > 0) {
+#pragma unroll
+            for (int i = 0; i < PACK; ++i) buf[0][p * PACK + i] = fin[0].kept(buf[0][p * PACK + i]);
+            st.template store<PACK>(buf[0] + p * PACK, row0, col, prm[p]);
+          }
+        }
+      } else {
+        st.with_known_params([&](const auto& known) {
+#pragma unroll
+          for (int p = 0; p < NPACK; ++p) {
+            const unsigned col = pack_col(p);
+            if (col < ncols) {
+              known.template store_rows<PACK, ROWS, true>(buf[0] + p * PACK, COLS, row0, count,
+                                                          col);
+            }
+          }
+        });
       }
     }
+  };
+  if constexpr (EARLY) {
+    store.with_known_params(row_loop);
+  } else {
+    row_loop(store);
   }
 }
 

@@ -210,6 +210,32 @@ def test_paths_agree_at_boundaries(rng, op, dtype, cols):
     assert same_bits(cupy.asnumpy(x), xh) and same_bits(cupy.asnumpy(w), wh)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [40, 64, 129, 256, 512, 1000, 3000, 20000])
+@pytest.mark.parametrize("params", ["weight", "bias", "none"])
+def test_layer_norm_parameter_subsets_on_every_path(rng, dtype, cols, params):
+    """layer_norm with only a weight, only a bias or neither: the kernels specialise the
+    stores where both are present (common.cuh AffineStore::with_known_params) and load them
+    early on short warp-path rows (rows.cuh warp_early_params); the other cases take the
+    general stores."""
+    rows = 37
+    x, xh = random_input(rng, (rows, cols), dtype)
+    w, b, wh, bh = affine(rng, "layer_norm", (cols,), dtype)
+    if params != "weight":
+        w = wh = None
+    if params != "bias":
+        b = bh = None
+    ref, _, _ = reference("layer_norm", xh, -1, wh, bh)
+    for path in paths_for(cols, dtype):
+        out = cupy.full((rows, cols), np.nan, dtype=dtype)
+        with _dispatch.force_path(path):
+            assert cunorm.layer_norm(x, w, b, out=out) is out
+        y = cupy.asnumpy(out)
+        assert not np.isnan(y.astype(np.float64)).any(), f"path {path}: unwritten/NaN output"
+        err = rel_err(y, ref)
+        assert err <= TOL[dtype.name], f"path {path}: error {err:.3g} > {TOL[dtype.name]}"
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("cols", BOUNDARY_COLS)

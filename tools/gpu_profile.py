@@ -23,7 +23,8 @@ host time of a CuPy launch by argument list;
 there with and without weight and bias (``affine-kernels``: one launch each, for ncu),
 ``compile-kernels`` short norm rows against torch.compile (GB/s, then one launch each for ncu;
 ``compile-long-kernels``: long rows),
-``warp-groups`` short rows on narrower warp-path lane groups (``warp-blocks``: on smaller blocks),
+``warp-groups`` short rows on narrower warp-path lane groups (``warp-blocks``: on smaller blocks,
+``warp-packs``: on lanes of 4 packs),
 ``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns);
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
@@ -37,7 +38,8 @@ built from this checkout's kernel sources against those in folder $CUNORM_BASE_S
 path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 16-bit rows
 of 1000-1536 columns on the block path against the warp path, ``warp-norm-sources``: the
 norms' warp-path rows against $CUNORM_BASE_SOURCES, ``convert-sources``: bfloat16 rows,
-``block-row-sources``: block-path rows of every row op);
+``block-row-sources``: block-path rows of every row op, ``warp-row-sources``: warp-path
+rows);
 ``attention-tiles`` the D = 64 attention kernel with other key tiles, ``attention-sources``
 attention built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
@@ -76,6 +78,8 @@ COMMANDS = {
     "compile-kernels": norms.compile_kernels, "warp-groups": norms.warp_groups,
     "compile-long-kernels": lambda: norms.compile_kernels(cases=norms.LONG_COMPILE_CASES),
     "warp-blocks": lambda: norms.warp_groups(norms.WARP_BLOCK_VARIANTS),
+    "warp-packs": lambda: norms.warp_groups(norms.WARP_PACK_VARIANTS, rounds=3,
+                                            cases=norms.WARP_PACK_CASES),
     "param-cost": lambda: norms.affine_cost(49152, norms.PARAM_COST_CASES),
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
     "attention-groups": attn.attention_groups,
@@ -93,6 +97,8 @@ COMMANDS = {
                                                  cases=norms.CONVERT_CASES),
     "block-row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
                                                    cases=norms.BLOCK_ROW_CASES),
+    "warp-row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"], rounds=3,
+                                                  cases=norms.WARP_ROW_CASES),
     "warp-edge-blocks": lambda: block_variants(norms.WARP_EDGE_CASES, norms.WARP_EDGE_VARIANTS,
                                                49152),
     "attention-persistent": lambda: attn.attention_sources(

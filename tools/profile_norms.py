@@ -355,8 +355,23 @@ WARP_GROUP_CASES = [
     for cols in (32, 64, 128, 256, 512, 1024) if cols <= (512 if dt == "float32" else 1024)]
 
 
-def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2) -> None:
-    """GB/s (padded event timer) of WARP_GROUP_CASES on each of ``variants`` and on
+# Lanes holding 4 packs of a row (32 16-bit values) against 2 (WARP_GROUP_PACKS): the
+# Inductor kernels hold 32 values a lane on 256-1024-column rows (4 rows a warp at 256), so
+# twice the bytes in flight a warp (warp-packs).
+WARP_PACK_VARIANTS = [("2 packs", {}),
+                      ("4 packs", {"WARP_GROUP_PACKS": {"norm": 4, "softmax": 4}})]
+WARP_PACK_CASES = [("layer_norm", dt, c) for dt in ("float16", "bfloat16")
+                   for c in (32, 128, 256, 512)]
+WARP_PACK_CASES += [("layer_norm", "float32", c) for c in (64, 128, 256)]
+WARP_PACK_CASES += [("rms_norm", "float16", c) for c in (128, 256, 512)]
+WARP_PACK_CASES += [("rms_norm", "float32", 128), ("softmax", "float16", 256),
+                    ("softmax", "float16", 512), ("softmax", "float32", 128),
+                    ("softmax", "float32", 256), ("log_softmax", "float16", 512)]
+
+
+def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2,
+                cases=WARP_GROUP_CASES) -> None:
+    """GB/s (padded event timer) of ``cases`` on each of ``variants`` and on
     torch.compile, ``rounds`` interleaved rounds, with each variant's warp configuration
     (values a lane, lanes a row, rows a group) and the largest difference of its output from
     the first variant's (relative to the row's largest value)."""
@@ -371,7 +386,7 @@ def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2
     compiled = TorchCompile()
     names = "".join(f"{n:>24s}" for n, _ in variants)
     print(f"case{' ' * 32}{names}   torch.compile", flush=True)
-    for op, dt, cols in WARP_GROUP_CASES:
+    for op, dt, cols in cases:
         case = make_case(OPS[op], (rows, cols), dt)
         fn = OPS[op].resolve()[0]
         theirs = compiled.build(case)
@@ -472,6 +487,21 @@ BLOCK_ROW_CASES += [("rms_norm", "float32", 4096), ("log_softmax", "bfloat16", 4
                     ("layer_norm", "bfloat16", 262144)]
 BLOCK_ROW_CASES += [("softmax", dt, c) for dt in ("float16", "bfloat16", "float32")
                     for c in (2048, 8192)]
+
+# Warp-path rows (32-1024 columns) against the previous sources (warp-row-sources): the
+# parameters' presence tested once (common.cuh AffineStore::with_known_params) and loaded with
+# rows of 64-256 columns (rows.cuh warp_early_params); softmax and log_softmax (no
+# parameters) as controls.
+WARP_ROW_CASES = [("layer_norm", dt, c) for dt in ("float16", "bfloat16", "float32")
+                  for c in (32, 64, 128, 256, 512, 1000, 1024)]
+WARP_ROW_CASES += [("rms_norm", dt, c) for dt in ("float16", "bfloat16")
+                   for c in (64, 128, 256, 512, 1024)]
+WARP_ROW_CASES += [("rms_norm", "float32", c) for c in (32, 128, 512)]
+WARP_ROW_CASES += [("layer_norm_residual", "float16", c) for c in (256, 1024)]
+WARP_ROW_CASES += [("layer_norm_residual", "float32", 1024), ("rms_norm_residual", "float16", 256)]
+WARP_ROW_CASES += [("softmax", "float16", c) for c in (64, 256, 512, 1024)]
+WARP_ROW_CASES += [("softmax", "float32", 1024), ("log_softmax", "float16", 256),
+                   ("log_softmax", "float16", 1024)]
 
 
 def row_sources(base: str, rounds: int = 2, cases=SOURCE_CASES) -> None:
