@@ -455,12 +455,13 @@ template <> struct PairFromFloat<bf16_t> {
 // packs before the first store (for a functor with kBatchParams: rows.cuh StoreBatch), the
 // warp path a short row's with the row (rows.cuh warp_early_params). The compiler cannot move
 // a load above an earlier store to y by itself, as y might alias the parameters.
-// with_known_params(f) calls f with the functor, or with one whose type says which
-// parameters are present (AffineStore).
+// kParams: whether it has any. with_known_params(f) calls f with the functor, or with one
+// whose type says that all its parameters are present (AffineStore with weight and bias).
 template <typename C, typename DST> struct DirectStore {
   DST* dst;
   i64 ld;
-  static constexpr bool kBatchParams = false;  // no parameters
+  static constexpr bool kParams = false;
+  static constexpr bool kBatchParams = false;
   template <int N> struct Params {};
   __device__ DirectStore(DST* d, i64 l) : dst(d), ld(l) {}
   // (WORDS and SPLIT, here and in store: AffineStore's interface; no parameters to load.)
@@ -506,6 +507,7 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
   // The raw parameter packs of N columns (unset where the parameter is absent). Batched
   // (rows.cuh StoreBatch) for 4- and 8-byte parameters only: 16-bit rows gained nothing and
   // paid in registers.
+  static constexpr bool kParams = true;
   static constexpr bool kBatchParams = sizeof(DST) >= 4;
   template <int N> struct Params { Pack<DST, N> w, b; };
   __device__ AffineStore(DST* d, i64 l, const DST* w, const DST* b) : out(d, l), weight(w), bias(b) {}

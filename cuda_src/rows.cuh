@@ -113,7 +113,7 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // instantiation of every configuration). The row stays in registers, so both reductions cost
 // shuffles only.
 //
-// The STORE functor's parameters (weight and bias) are known present or not (AffineStore::
+// Where weight and bias are both present the STORE functor's type says so (AffineStore::
 // with_known_params), so no pack tests them, and a 32-lane group of one row skips the row
 // test: sm_90, float16 layer_norm 1024 columns, a pack's store went from ~56 SASS instructions
 // to 36. Rows of at most 256 columns on one row a group (warp_early_params: the group's
@@ -141,6 +141,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   constexpr int NPACK = COLS / PACK;
   constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
   constexpr bool EARLY = warp_early_params(COLS, GROUP, ROWS);
+  static_assert(!EARLY || ROWS == 1, "the early stores below name row 0 only");
   const int lane = threadIdx.x % GROUP;
   const int group_in_warp = (threadIdx.x % 32) / GROUP;
   const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -148,8 +149,9 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   // Column of pack p: 32-bit, as on the block path (a warp-path row has at most 32 x 48).
   const unsigned ncols = static_cast<unsigned>(cols);
   const auto pack_col = [&](int p) { return (static_cast<unsigned>(p) * GROUP + lane) * PACK; };
-  // The row loop on STORE functor st: with parameters known present or not (EARLY, whose
-  // loads precede the loop's stores), else per row group at its stores.
+  // The row loop on STORE functor st: the one of with_known_params for the whole loop where
+  // EARLY (whose parameter loads precede the loop's stores), else the kernel's, which takes
+  // with_known_params per row group at its stores.
   const auto row_loop = [&](const auto& st) {
     // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
     // past the end are masked instead.
@@ -238,9 +240,8 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       // float32 layer_norm kernel with a residual spilled 8 bytes on sm_90 with it); one
       // without keeps it (ptxas spilled 8-16 bytes of 16-bit to float32 log_softmax of 40-48
       // values a lane on sm_80 without it).
-      constexpr bool kParams = sizeof(typename RemoveCvRef<decltype(st)>::type::template
-                                          Params<PACK>) > 1;
-      const i64 count = kParams && GROUP == 32 && ROWS == 1 ? 1 : rows - row0;
+      const i64 count =
+          RemoveCvRef<decltype(st)>::type::kParams && GROUP == 32 && ROWS == 1 ? 1 : rows - row0;
       if constexpr (EARLY) {
 #pragma unroll
         for (int p = 0; p < NPACK; ++p) {

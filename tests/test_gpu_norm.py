@@ -211,13 +211,13 @@ def test_paths_agree_at_boundaries(rng, op, dtype, cols):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("cols", [40, 64, 129, 256, 512, 1000, 3000, 20000])
+@pytest.mark.parametrize("cols", [40, 64, 129, 136, 200, 256, 512, 1000, 3000, 20000])
 @pytest.mark.parametrize("params", ["weight", "bias", "none"])
 def test_layer_norm_parameter_subsets_on_every_path(rng, dtype, cols, params):
     """layer_norm with only a weight, only a bias or neither: the kernels specialise the
     stores where both are present (common.cuh AffineStore::with_known_params) and load them
     early on short warp-path rows (rows.cuh warp_early_params); the other cases take the
-    general stores."""
+    general stores. A NaN row after ``out`` must stay NaN (no store past the last row)."""
     rows = 37
     x, xh = random_input(rng, (rows, cols), dtype)
     w, b, wh, bh = affine(rng, "layer_norm", (cols,), dtype)
@@ -227,11 +227,13 @@ def test_layer_norm_parameter_subsets_on_every_path(rng, dtype, cols, params):
         b = bh = None
     ref, _, _ = reference("layer_norm", xh, -1, wh, bh)
     for path in paths_for(cols, dtype):
-        out = cupy.full((rows, cols), np.nan, dtype=dtype)
+        buf = cupy.full((rows + 1, cols), np.nan, dtype=dtype)
+        out = buf[:rows]
         with _dispatch.force_path(path):
             assert cunorm.layer_norm(x, w, b, out=out) is out
         y = cupy.asnumpy(out)
         assert not np.isnan(y.astype(np.float64)).any(), f"path {path}: unwritten/NaN output"
+        assert np.isnan(cupy.asnumpy(buf[rows]).astype(np.float64)).all(), f"path {path}"
         err = rel_err(y, ref)
         assert err <= TOL[dtype.name], f"path {path}: error {err:.3g} > {TOL[dtype.name]}"
 

@@ -491,7 +491,7 @@ BLOCK_ROW_CASES += [("softmax", dt, c) for dt in ("float16", "bfloat16", "float3
 # Warp-path rows (32-1024 columns) against the previous sources (warp-row-sources): the
 # parameters' presence tested once (common.cuh AffineStore::with_known_params) and loaded with
 # rows of 64-256 columns (rows.cuh warp_early_params); softmax and log_softmax (no
-# parameters) as controls.
+# parameters: the same loop, nothing to load early) for comparison.
 WARP_ROW_CASES = [("layer_norm", dt, c) for dt in ("float16", "bfloat16", "float32")
                   for c in (32, 64, 128, 256, 512, 1000, 1024)]
 WARP_ROW_CASES += [("rms_norm", dt, c) for dt in ("float16", "bfloat16")
