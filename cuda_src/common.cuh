@@ -557,8 +557,9 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
   // parameters loaded and converted once for all of them (the warp path's lane groups hold
   // several rows of the same columns). SPLIT: a branch of its own for weight and bias both
   // present, without the defaults' moves and predicated conversions (sm_90: 28 of 599
-  // instructions in the float16 256-column warp kernel); on the block path (32 registers)
-  // only the 16-bit layer_norm kernels take it (rows.cuh rows_block).
+  // instructions in the float16 256-column warp kernel), for callers that have not split
+  // that case off with with_known_params (which spilled the block kernels at 32 registers):
+  // the 16-bit layer_norm block kernels (rows.cuh rows_block).
   template <int N, int R, bool WORDS = true, bool SPLIT = true>
   __device__ __forceinline__ void store_rows(const C* src, int stride, i64 row, i64 count,
                                              i64 col) const {

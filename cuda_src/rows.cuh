@@ -153,6 +153,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   // EARLY (whose parameter loads precede the loop's stores), else the kernel's, which takes
   // with_known_params per row group at its stores.
   const auto row_loop = [&](const auto& st) {
+    typedef typename RemoveCvRef<decltype(st)>::type ST;
     // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
     // past the end are masked instead.
     for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
@@ -175,7 +176,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
             raw[r][p] = to_words(load.template fetch<PACK>(row0 + r, col));
         }
       }
-      typename RemoveCvRef<decltype(st)>::type::template Params<PACK> prm[EARLY ? NPACK : 1];
+      typename ST::template Params<PACK> prm[EARLY ? NPACK : 1];
       if constexpr (EARLY) {
 #pragma unroll
         for (int p = 0; p < NPACK; ++p) {
@@ -240,8 +241,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       // float32 layer_norm kernel with a residual spilled 8 bytes on sm_90 with it); one
       // without keeps it (ptxas spilled 8-16 bytes of 16-bit to float32 log_softmax of 40-48
       // values a lane on sm_80 without it).
-      const i64 count =
-          RemoveCvRef<decltype(st)>::type::kParams && GROUP == 32 && ROWS == 1 ? 1 : rows - row0;
+      const i64 count = ST::kParams && GROUP == 32 && ROWS == 1 ? 1 : rows - row0;
       if constexpr (EARLY) {
 #pragma unroll
         for (int p = 0; p < NPACK; ++p) {
@@ -258,8 +258,9 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
           for (int p = 0; p < NPACK; ++p) {
             const unsigned col = pack_col(p);
             if (col < ncols) {
-              known.template store_rows<PACK, ROWS, true>(buf[0] + p * PACK, COLS, row0, count,
-                                                          col);
+              // (SPLIT false: with_known_params has split off weight and bias both present)
+              known.template store_rows<PACK, ROWS, true, false>(buf[0] + p * PACK, COLS, row0,
+                                                                 count, col);
             }
           }
         });
