@@ -25,7 +25,8 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 ``compile-long-kernels``: long rows),
 ``warp-groups`` short rows on narrower warp-path lane groups (``warp-blocks``: on smaller blocks,
 ``warp-packs``: on lanes of 4 packs),
-``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns);
+``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns),
+``long-affine-cost`` on 24576 rows of 1024-32768 columns;
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
 thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dispatcher variants
 (``long-row-kernels``: one launch each, for ncu), ``cluster-blocks`` the norms' cluster
@@ -39,7 +40,7 @@ path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 1
 of 1000-1536 columns on the block path against the warp path, ``warp-norm-sources``: the
 norms' warp-path rows against $CUNORM_BASE_SOURCES, ``convert-sources``: bfloat16 rows,
 ``block-row-sources``: block-path rows of every row op, ``warp-row-sources``: warp-path
-rows);
+rows, ``smem-store-sources``: the norms' shared-memory and cluster rows);
 ``attention-tiles`` the D = 64 attention kernel with other key tiles, ``attention-sources``
 attention built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
@@ -99,6 +100,9 @@ COMMANDS = {
                                                    cases=norms.BLOCK_ROW_CASES),
     "warp-row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"], rounds=3,
                                                   cases=norms.WARP_ROW_CASES),
+    "smem-store-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
+                                                    cases=norms.SMEM_STORE_CASES),
+    "long-affine-cost": lambda: norms.affine_cost(24576, norms.LONG_AFFINE_CASES),
     "warp-edge-blocks": lambda: block_variants(norms.WARP_EDGE_CASES, norms.WARP_EDGE_VARIANTS,
                                                49152),
     "attention-persistent": lambda: attn.attention_sources(

@@ -504,6 +504,22 @@ WARP_ROW_CASES += [("softmax", "float32", 1024), ("log_softmax", "float16", 256)
                    ("log_softmax", "float16", 1024)]
 
 
+# Rows of the norms' shared-memory and cluster paths, for a build of rows.cuh rows_smem against
+# another ($CUNORM_BASE_SOURCES) (smem-store-sources): session 32 measured stores testing
+# once a row whether weight and bias are both present (with_known_params; not shipped, see
+# benchmarks/results/nvidia-h200-2026-11-23-smem-stores-profile.txt); softmax as a control.
+SMEM_STORE_CASES = ([("layer_norm", dt, c) for dt in ("float16", "bfloat16")
+                     for c in (12288, 32768, 65536, 262144)]
+                    + [("rms_norm", dt, 32768) for dt in ("float16", "bfloat16")]
+                    + [("layer_norm_residual", "float16", 32768), ("softmax", "float16", 32768)]
+                    + [("layer_norm", "float32", c) for c in (32768, 131072, 262144)])
+# Long rows of the cluster and block paths (and 1024-column warp-path rows), for affine-cost
+# (long-affine-cost).
+LONG_AFFINE_CASES = [("float16", 1024), ("bfloat16", 1024), ("float16", 16384),
+                     ("bfloat16", 16384), ("float16", 32768), ("bfloat16", 32768),
+                     ("float32", 32768)]
+
+
 def row_sources(base: str, rounds: int = 2, cases=SOURCE_CASES) -> None:
     """GB/s (padded event timer) of ``cases``, norms' weight (and bias) included, with kernels
     built from the sources in folder ``base`` (a ``cuda_src`` of another commit) and from this
