@@ -61,6 +61,13 @@ import profile_norms as norms
 import profile_rows as rows
 from profile_common import block_variants
 
+
+def _against_base(**kwargs):
+    """A command timing the row ops built from this checkout's sources against those in folder
+    $CUNORM_BASE_SOURCES (profile_norms.row_sources with ``kwargs``)."""
+    return lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"], **kwargs)
+
+
 COMMANDS = {
     "overhead": rows.overhead, "kernels": rows.kernels, "strided": rows.strided,
     "strided-launch": lambda: rows.strided(True), "gaps": rows.gaps,
@@ -87,21 +94,15 @@ COMMANDS = {
     "attention-grids": lambda: attn.attention_groups((512, 1024, 2048, 4096), (0, None)),
     "attention-tiles": attn.attention_tiles,
     "attention-sources": lambda: attn.attention_sources(os.environ["CUNORM_BASE_SOURCES"]),
-    "row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"]),
-    "short-block-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
-                                                     cases=norms.SHORT_BLOCK_CASES),
+    "row-sources": _against_base(),
+    "short-block-sources": _against_base(cases=norms.SHORT_BLOCK_CASES),
     "short-blocks": lambda: block_variants(norms.SHORT_BLOCK_SIZE_CASES,
                                            norms.SHORT_BLOCK_VARIANTS, 49152),
-    "warp-norm-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
-                                                   cases=norms.WARP_NORM_CASES),
-    "convert-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
-                                                 cases=norms.CONVERT_CASES),
-    "block-row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
-                                                   cases=norms.BLOCK_ROW_CASES),
-    "warp-row-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"], rounds=3,
-                                                  cases=norms.WARP_ROW_CASES),
-    "smem-store-sources": lambda: norms.row_sources(os.environ["CUNORM_BASE_SOURCES"],
-                                                    cases=norms.SMEM_STORE_CASES),
+    "warp-norm-sources": _against_base(cases=norms.WARP_NORM_CASES),
+    "convert-sources": _against_base(cases=norms.CONVERT_CASES),
+    "block-row-sources": _against_base(cases=norms.BLOCK_ROW_CASES),
+    "warp-row-sources": _against_base(rounds=3, cases=norms.WARP_ROW_CASES),
+    "smem-store-sources": _against_base(cases=norms.SMEM_STORE_CASES),
     "long-affine-cost": lambda: norms.affine_cost(24576, norms.LONG_AFFINE_CASES),
     "warp-edge-blocks": lambda: block_variants(norms.WARP_EDGE_CASES, norms.WARP_EDGE_VARIANTS,
                                                49152),
