@@ -515,10 +515,10 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
   __device__ __forceinline__ bool has_bias() const { return BOTH || bias != nullptr; }
   // f(functor) with the functor for these parameters: where both are present, one whose type
   // says so, for a caller that stores many packs (the warp path's row of up to 32 packs a
-  // lane) and so tests their presence once instead of at every pack: sm_90, float16 layer_norm
-  // 1024-column warp kernel, 578 instructions a row against Inductor's 342, ~24 a pack of
-  // them in the store phase's tests, branches and addresses (benchmarks/results/nvidia-h200-
-  // 2026-11-23-warp-vs-inductor-profile.txt).
+  // lane, the shared-memory path's 16-bit slice) and so tests their presence once instead of
+  // at every pack: sm_90, float16 layer_norm 1024-column warp kernel, 578 instructions a row
+  // against Inductor's 342, ~24 a pack of them in the store phase's tests, branches and
+  // addresses (benchmarks/results/nvidia-h200-2026-11-23-warp-vs-inductor-profile.txt).
   template <class F> __device__ __forceinline__ void with_known_params(const F& f) const {
     if (!BOTH && weight != nullptr && bias != nullptr) {
       f(AffineStore<C, DST, true>(out.dst, out.ld, weight, bias));

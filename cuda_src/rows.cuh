@@ -490,28 +490,48 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
     }
     const typename OP::Fin fin = op.finish(s1, s2, cols);
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
+    // Pack p's finished values, in v.
+    const auto finish_pack = [&](i64 p, C* v) {
+      if constexpr (KEEP) {
+        const RawPack e = cache[p - pack_begin];
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) v[i] = fin.kept(e.v[i]);
+      } else {
+        load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
+      }
+    };
     constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
-    for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kStoreBatch * step) {
-      typename STORE::template Params<PACK> prm[kStoreBatch];
-      if constexpr (kStoreBatch > 1) load_params<kStoreBatch, PACK>(store, prm, p0, step, pack_end);
-#pragma unroll
-      for (int u = 0; u < kStoreBatch; ++u) {
-        const i64 p = p0 + u * step;
-        if (p >= pack_end) break;
-        C v[PACK];
-        if constexpr (KEEP) {
-          const RawPack e = cache[p - pack_begin];
-#pragma unroll
-          for (int i = 0; i < PACK; ++i) v[i] = fin.kept(e.v[i]);
-        } else {
-          load.template convert<PACK>(cache[p - pack_begin], v, row, p * PACK);
-#pragma unroll
-          for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
+    // Parameters stored pack by pack (16-bit: !kBatchParams) are tested once a row through
+    // with_known_params, not at every pack: H200, 16-bit layer_norm with weight and bias,
+    // 12288-262144 cols +0.4-1.6%, bit-identical (tools/gpu_profile.py smem-store-sources).
+    // The batched stores keep the loop below: through the same split (or with that loop in a
+    // lambda) nvcc compiled the float32 cluster kernels differently, 1-10% slower at
+    // 32768-262144 cols (benchmarks/results/nvidia-h200-2026-11-23-smem-stores-profile.txt).
+    if constexpr (STORE::kParams && !STORE::kBatchParams) {
+      store.with_known_params([&](const auto& st) {
+        for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
+          C v[PACK];
+          finish_pack(p, v);
+          st.template store<PACK>(v, row, p * PACK);  // loads its parameters itself
         }
-        if constexpr (kStoreBatch > 1) {
-          store.template store<PACK>(v, row, p * PACK, prm[u]);
-        } else {
-          store.template store<PACK>(v, row, p * PACK);  // loads its parameters itself
+      });
+    } else {
+      for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kStoreBatch * step) {
+        typename STORE::template Params<PACK> prm[kStoreBatch];
+        if constexpr (kStoreBatch > 1) load_params<kStoreBatch, PACK>(store, prm, p0, step, pack_end);
+#pragma unroll
+        for (int u = 0; u < kStoreBatch; ++u) {
+          const i64 p = p0 + u * step;
+          if (p >= pack_end) break;
+          C v[PACK];
+          finish_pack(p, v);
+          if constexpr (kStoreBatch > 1) {
+            store.template store<PACK>(v, row, p * PACK, prm[u]);
+          } else {
+            store.template store<PACK>(v, row, p * PACK);  // loads its parameters itself
+          }
         }
       }
     }

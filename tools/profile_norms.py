@@ -505,9 +505,10 @@ WARP_ROW_CASES += [("softmax", "float32", 1024), ("log_softmax", "float16", 256)
 
 
 # Rows of the norms' shared-memory and cluster paths, for a build of rows.cuh rows_smem against
-# another ($CUNORM_BASE_SOURCES) (smem-store-sources): session 32 measured stores testing
-# once a row whether weight and bias are both present (with_known_params; not shipped, see
-# benchmarks/results/nvidia-h200-2026-11-23-smem-stores-profile.txt); softmax as a control.
+# another ($CUNORM_BASE_SOURCES) (smem-store-sources): stores testing once a row whether
+# weight and bias are both present (with_known_params; shipped for 16-bit parameters only, see
+# benchmarks/results/nvidia-h200-2026-11-23-smem-stores-profile.txt); softmax and float32
+# layer_norm as controls.
 SMEM_STORE_CASES = ([("layer_norm", dt, c) for dt in ("float16", "bfloat16")
                      for c in (12288, 32768, 65536, 262144)]
                     + [("rms_norm", dt, 32768) for dt in ("float16", "bfloat16")]
