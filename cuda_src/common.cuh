@@ -526,6 +526,12 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
       f(*this);
     }
   }
+  // Ask L1 for the line of each parameter holding column col (a hint: no registers, nothing
+  // waits for it); a pack, aligned to its at most 16 bytes, never straddles two lines.
+  __device__ __forceinline__ void prefetch_params(i64 col) const {
+    if (has_weight()) asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + col));
+    if (has_bias()) asm volatile("prefetch.global.L1 [%0];" ::"l"(bias + col));
+  }
   template <int N> __device__ __forceinline__ Params<N> params(i64 col) const {
     Params<N> prm;
     if (has_weight()) prm.w = load_pack<DST, N>(weight + col);

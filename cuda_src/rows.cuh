@@ -416,7 +416,9 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
 // through distributed shared memory. Dynamic shared memory: ceil(cols / PACK / CLUSTER) * PACK
 // * sizeof(raw_t). Launched with one block (cluster) per row: measured faster on H200 than a
 // persistent grid double-buffering the next row (benchmarks/results/thresholds-*.md).
-template <int PACK, int CLUSTER, class OP, class LOAD, class STORE>
+// PREFETCH: STORE::prefetch_params for every pack of the slice as the row's loads go out
+// (norm.cu norm_prefetch_params).
+template <int PACK, int CLUSTER, bool PREFETCH = false, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const STORE& store,
                                           i64 rows, i64 cols) {
   typedef typename OP::C C;
@@ -465,6 +467,10 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
       load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
     copy_async_commit();
+    if constexpr (PREFETCH) {
+      for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
+        store.prefetch_params(p * PACK);
+    }
     if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open (with the loads in flight)
     copy_async_wait<0>();
     S1 s1 = S1();  // kOnePass: 0

@@ -513,7 +513,10 @@ SMEM_STORE_CASES = ([("layer_norm", dt, c) for dt in ("float16", "bfloat16")
                      for c in (12288, 32768, 65536, 262144)]
                     + [("rms_norm", dt, 32768) for dt in ("float16", "bfloat16")]
                     + [("layer_norm_residual", "float16", 32768), ("softmax", "float16", 32768)]
-                    + [("layer_norm", "float32", c) for c in (32768, 131072, 262144)])
+                    + [("layer_norm", "float32", c) for c in (12288, 16384, 32768, 65536, 131072,
+                                                             262144)]
+                    + [("layer_norm_residual", "float32", 32768), ("rms_norm", "float32", 32768),
+                       ("layer_norm", "float64", 32768)])
 # Long rows of the cluster and block paths (and 1024-column warp-path rows), for affine-cost
 # (long-affine-cost).
 LONG_AFFINE_CASES = [("float16", 1024), ("bfloat16", 1024), ("float16", 16384),
