@@ -186,20 +186,24 @@ __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(si
   CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>>));
 }
 
-// Whether the shared-memory and cluster rows ask L1 for their slice's weight and bias lines as
-// a row's loads go out (rows.cuh rows_smem PREFETCH), so that the stores find them there and
-// do not wait on L2: layer_norm with 4- and 8-byte parameters. H200, one process, two rounds
-// (tools/gpu_profile.py smem-store-sources): float32 32768 cols 3640 -> 3756 GB/s, 65536
-// 3592 -> 3672, 131072 3435 -> 3496, float64 32768 3406 -> 3461; float32 262144 3196 ->
-// 3182, 12288-16384 (one block a row) unchanged. 16-bit layer_norm lost up to 7% (float16
-// 12288 cols 3973 -> 3701), rms_norm float32 1.7% and the float32 residual form 1%.
-__host__ __device__ constexpr bool norm_prefetch_params(int itemsize, bool rms, bool residual) {
-  return itemsize >= 4 && !rms && !residual;
+// The parameter lines the shared-memory and cluster rows ask L1 for (rows.cuh Prefetch):
+// layer_norm's 4- and 8-byte parameters. H200, one process, two rounds (tools/gpu_profile.py
+// smem-store-sources, and the same row_sources on float32 and float64 cases), GB/s:
+//   kSlice, against none: float32 32768 cols 3640 -> 3756, 65536 3592 -> 3672, 131072
+//     3435 -> 3496, 262144 3196 -> 3182, 12288-16384 (one block a row) unchanged; float64
+//     32768 3406 -> 3461. 16-bit layer_norm lost up to 7% (float16 12288 cols 3973 -> 3701),
+//     rms_norm float32 1.7% and the float32 residual form 1%.
+//   kAhead, against kSlice: float64 32768 3462 -> 3718, 131072 2795 -> 3173; float32 lost
+//     up to 3% (131072 3491 -> 3381).
+__host__ __device__ constexpr Prefetch norm_prefetch(int itemsize, bool rms, bool residual) {
+  return rms || residual || itemsize < 4 ? Prefetch::kNone
+         : itemsize == 4                 ? Prefetch::kSlice
+                                         : Prefetch::kAhead;
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK>
 __global__ void __launch_bounds__(512, 1) norm_smem(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_smem<PACK, 1, norm_prefetch_params(sizeof(SRC), RMS, RESIDUAL)>));
+  CUNORM_NORM_ROWS((rows_smem<PACK, 1, norm_prefetch(sizeof(SRC), RMS, RESIDUAL)>));
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK>
@@ -246,8 +250,7 @@ template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1)
     __launch_bounds__(512, norm_cluster_blocks(sizeof(SRC), PACK * sizeof(SRC), RMS, RESIDUAL))
     norm_smem_cluster(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS(
-      (rows_smem<PACK, CLUSTER, norm_prefetch_params(sizeof(SRC), RMS, RESIDUAL)>));
+  CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER, norm_prefetch(sizeof(SRC), RMS, RESIDUAL)>));
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>

@@ -408,6 +408,11 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
   }
 }
 
+// Parameter lines the shared-memory path asks L1 for (STORE::prefetch_params), so that its
+// stores find them there and do not wait on L2: none; the whole slice's as a row's loads go
+// out; or the first batch's then, and each next batch's ahead of a batch of stores.
+enum class Prefetch { kNone, kSlice, kAhead };
+
 // ---------------------------------------------------------------------------------------
 // Shared-memory path: a cluster of CLUSTER blocks per row (CLUSTER == 1: one block), each
 // caching its slice of the row in shared memory as raw input packs (LOAD::fill: cp.async for
@@ -416,9 +421,9 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
 // through distributed shared memory. Dynamic shared memory: ceil(cols / PACK / CLUSTER) * PACK
 // * sizeof(raw_t). Launched with one block (cluster) per row: measured faster on H200 than a
 // persistent grid double-buffering the next row (benchmarks/results/thresholds-*.md).
-// PREFETCH: STORE::prefetch_params for every pack of the slice as the row's loads go out
-// (norm.cu norm_prefetch_params).
-template <int PACK, int CLUSTER, bool PREFETCH = false, class OP, class LOAD, class STORE>
+// PREFETCH: which of the slice's parameter lines the row asks L1 for (STORE::prefetch_params;
+// norm.cu norm_prefetch).
+template <int PACK, int CLUSTER, Prefetch PREFETCH = Prefetch::kNone, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const STORE& store,
                                           i64 rows, i64 cols) {
   typedef typename OP::C C;
@@ -467,8 +472,13 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
     for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
       load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
     copy_async_commit();
-    if constexpr (PREFETCH) {
-      for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
+    constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
+    if constexpr (PREFETCH != Prefetch::kNone) {
+      // the whole slice, or the first batch of stores
+      const i64 end = PREFETCH == Prefetch::kSlice
+                          ? pack_end
+                          : min(pack_end, pack_begin + threadIdx.x + kStoreBatch * step);
+      for (i64 p = pack_begin + threadIdx.x; p < end; p += step)
         store.prefetch_params(p * PACK);
     }
     if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open (with the loads in flight)
@@ -508,7 +518,6 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
         for (int i = 0; i < PACK; ++i) v[i] = fin(v[i]);
       }
     };
-    constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
     // Parameters stored pack by pack (16-bit: !kBatchParams) are tested once a row through
     // with_known_params, not at every pack: H200, 16-bit layer_norm with weight and bias,
     // 12288-262144 cols +0.4-1.6%, bit-identical (tools/gpu_profile.py smem-store-sources).
@@ -527,6 +536,13 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
       for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kStoreBatch * step) {
         typename STORE::template Params<PACK> prm[kStoreBatch];
         if constexpr (kStoreBatch > 1) load_params<kStoreBatch, PACK>(store, prm, p0, step, pack_end);
+        if constexpr (PREFETCH == Prefetch::kAhead) {  // the next batch's
+#pragma unroll
+          for (int u = 0; u < kStoreBatch; ++u) {
+            const i64 p = p0 + (kStoreBatch + u) * step;
+            if (p < pack_end) store.prefetch_params(p * PACK);
+          }
+        }
 #pragma unroll
         for (int u = 0; u < kStoreBatch; ++u) {
           const i64 p = p0 + u * step;

@@ -507,8 +507,8 @@ WARP_ROW_CASES += [("softmax", "float32", 1024), ("log_softmax", "float16", 256)
 # Rows of the norms' shared-memory and cluster paths, for a build of rows.cuh rows_smem against
 # another ($CUNORM_BASE_SOURCES) (smem-store-sources): stores testing once a row whether
 # weight and bias are both present (with_known_params; shipped for 16-bit parameters only, see
-# benchmarks/results/nvidia-h200-2026-11-23-smem-stores-profile.txt); softmax and float32
-# layer_norm as controls.
+# benchmarks/results/nvidia-h200-2026-11-23-smem-stores-profile.txt), and L1 prefetches of the
+# 4- and 8-byte parameters (norm.cu norm_prefetch); softmax as a control.
 SMEM_STORE_CASES = ([("layer_norm", dt, c) for dt in ("float16", "bfloat16")
                      for c in (12288, 32768, 65536, 262144)]
                     + [("rms_norm", dt, 32768) for dt in ("float16", "bfloat16")]
@@ -516,7 +516,7 @@ SMEM_STORE_CASES = ([("layer_norm", dt, c) for dt in ("float16", "bfloat16")
                     + [("layer_norm", "float32", c) for c in (12288, 16384, 32768, 65536, 131072,
                                                              262144)]
                     + [("layer_norm_residual", "float32", 32768), ("rms_norm", "float32", 32768),
-                       ("layer_norm", "float64", 32768)])
+                       ("layer_norm", "float64", 32768), ("layer_norm", "float64", 131072)])
 # Long rows of the cluster and block paths (and 1024-column warp-path rows), for affine-cost
 # (long-affine-cost).
 LONG_AFFINE_CASES = [("float16", 1024), ("bfloat16", 1024), ("float16", 16384),
