@@ -457,6 +457,7 @@ template <> struct PairFromFloat<bf16_t> {
 // a load above an earlier store to y by itself, as y might alias the parameters.
 // kParams: whether it has any. with_known_params(f) calls f with the functor, or with one
 // whose type says that all its parameters are present (AffineStore with weight and bias).
+// AffineStore alone has prefetch_params(col), the L1 hint of rows.cuh rows_smem's PREFETCH.
 template <typename C, typename DST> struct DirectStore {
   DST* dst;
   i64 ld;

@@ -473,6 +473,9 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
       load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
     copy_async_commit();
     constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
+    static_assert(PREFETCH == Prefetch::kNone || STORE::kParams, "nothing to prefetch");
+    // (kAhead's next batches are prefetched in the batched store loop only)
+    static_assert(PREFETCH != Prefetch::kAhead || STORE::kBatchParams, "kAhead needs batches");
     if constexpr (PREFETCH != Prefetch::kNone) {
       // the whole slice, or the first batch of stores
       const i64 end = PREFETCH == Prefetch::kSlice
