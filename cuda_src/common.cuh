@@ -264,6 +264,21 @@ template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
+// A pack loaded with the L2 asked for its whole 128-byte line, as copy_async<16, true> asks
+// (a 16-byte pack; others load plainly): the strided path's rows held in registers, whose
+// line neighbours another tile's cluster reads.
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack_line(const T* p) {
+  if constexpr (sizeof(Pack<T, N>) == 16) {
+    Pack<T, N> v;
+    unsigned* w = reinterpret_cast<unsigned*>(&v);
+    asm volatile("ld.global.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+    return v;
+  } else {
+    return load_pack<T, N>(p);
+  }
+}
 template <typename T, int N>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;

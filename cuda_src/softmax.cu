@@ -75,12 +75,14 @@ template <typename C_, typename OUT, bool LOG> struct SoftmaxOp {
 // read once); otherwise x is read twice.
 // Dynamic shared memory, in MaxSum states of width = TX * PACK: W rows of partials, W =
 // blockDim.x / max(TX, 32) (one per warp's worth of TY), the final row, and on a cluster the
-// CLUSTER mail rows; then, cached, ceil(dim / CLUSTER) * width values of SRC.
+// CLUSTER mail rows; then, cached, the slice's rows past the first HELD of each thread
+// (ceil(dim / CLUSTER) - HELD * TY rows of width values of SRC), which stay in registers.
 // cp.async groups of a cached slice (below); CUNORM_STRIDED_CHUNKS overrides it for measurement.
 #ifndef CUNORM_STRIDED_CHUNKS
 #define CUNORM_STRIDED_CHUNKS 2
 #endif
-template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE, int CLUSTER>
+template <typename SRC, typename DST, typename C, bool LOG, int PACK, bool CACHE, int CLUSTER,
+          int HELD>
 __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 outer, i64 dim,
                                                      i64 inner, i64 ldx_outer, i64 ldx_dim,
                                                      i64 ldy_outer, i64 ldy_dim, int tx_count) {
@@ -113,7 +115,9 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     const i64 i0 = t * width + static_cast<i64>(tx) * PACK;
     const bool active = i0 < inner;  // PACK divides inner, so a pack is all in or all out
     const SRC* xo = x + o * ldx_outer + i0;
-    SRC* slab = cache + tx * PACK - d_begin * width;  // slab[d * width] for d in this block's slice
+    // slab[d * width] for d in this block's slice past its HELD rows a thread
+    SRC* slab = cache + tx * PACK - (d_begin + static_cast<i64>(HELD) * ty_count) * width;
+    Pack<SRC, PACK> held[HELD > 0 ? HELD : 1];
     MS st[PACK];
 #pragma unroll
     for (int j = 0; j < PACK; ++j) st[j].init();
@@ -136,14 +140,31 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       // bfloat16 cluster kernels spilled under their 80 registers, at the same speed otherwise.
       constexpr int CH = CUNORM_STRIDED_CHUNKS;
       const i64 d0 = d_begin + ty;
-      const int n = d0 < d_end ? static_cast<int>((d_end - d0 + ty_count - 1) / ty_count) : 0;
+      const int n_all = d0 < d_end ? static_cast<int>((d_end - d0 + ty_count - 1) / ty_count) : 0;
+      // The thread's first HELD rows go to registers (softmax_strided_cluster says why).
+#pragma unroll
+      for (int r = 0; r < HELD; ++r) {
+        if (r < n_all)
+          held[r] = load_pack_line<SRC, PACK>(xo + (d0 + static_cast<i64>(r) * ty_count) * ldx_dim);
+      }
+      const i64 ds = d0 + static_cast<i64>(HELD) * ty_count;  // first row in shared memory
+      const int n = n_all > HELD ? n_all - HELD : 0;
 #pragma unroll
       for (int g = 0; g < CH; ++g) {
         for (int i = g * n / CH; i < (g + 1) * n / CH; ++i) {
-          const i64 d = d0 + static_cast<i64>(i) * ty_count;
+          const i64 d = ds + static_cast<i64>(i) * ty_count;
           copy_async<sizeof(Pack<SRC, PACK>), true>(slab + d * width, xo + d * ldx_dim);
         }
         copy_async_commit();
+      }
+#pragma unroll
+      for (int r = 0; r < HELD; ++r) {
+        if (r < n_all) {
+          C v[PACK];
+          pack_to_compute<C>(held[r], v);
+#pragma unroll
+          for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
+        }
       }
 #pragma unroll
       for (int g = 0; g < CH; ++g) {
@@ -151,13 +172,22 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 #pragma unroll 2
         for (int i = g * n / CH; i < (g + 1) * n / CH; ++i) {
           C v[PACK];
-          pack_to_compute<C>(load_pack<SRC, PACK>(slab + (d0 + static_cast<i64>(i) * ty_count) * width), v);
+          pack_to_compute<C>(load_pack<SRC, PACK>(slab + (ds + static_cast<i64>(i) * ty_count) * width), v);
 #pragma unroll
           for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
         }
       }
+#pragma unroll
+      for (int r = 0; r < HELD; ++r) {
+        if (r < n_all) {
+          C v[PACK];
+          pack_to_compute<C>(held[r], v);
+#pragma unroll
+          for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
+        }
+      }
 #pragma unroll 2
-      for (i64 d = d0; d < d_end; d += ty_count) {
+      for (i64 d = ds; d < d_end; d += ty_count) {
         C v[PACK];
         pack_to_compute<C>(load_pack<SRC, PACK>(slab + d * width), v);
 #pragma unroll
@@ -236,8 +266,22 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       // NVVM could not tell the pack's 4-byte pieces were contiguous and stored each alone
       // (four 32-bit stores a 16-byte pack).
       const DirectStore<C, DST> out(y + o * ldy_outer + t * width + tx * PACK, ldy_dim);
+      if constexpr (CACHE && HELD > 0) {
+#pragma unroll
+        for (int r = 0; r < HELD; ++r) {
+          const i64 d = d_begin + ty + static_cast<i64>(r) * ty_count;
+          if (d < d_end) {
+            C v[PACK];
+            pack_to_compute<C>(held[r], v);
+#pragma unroll
+            for (int j = 0; j < PACK; ++j) v[j] = fin[j](v[j]);
+            out.template store<PACK>(v, d, 0);
+          }
+        }
+      }
 #pragma unroll 4
-      for (i64 d = d_begin + ty; d < d_end; d += ty_count) {
+      for (i64 d = d_begin + ty + (CACHE ? static_cast<i64>(HELD) * ty_count : 0); d < d_end;
+           d += ty_count) {
         const Pack<SRC, PACK> p = CACHE ? load_pack<SRC, PACK>(slab + d * width)
                                         : load_pack<SRC, PACK>(xo + d * ldx_dim);
         C v[PACK];
@@ -315,18 +359,30 @@ __global__ void __launch_bounds__(256, 4) softmax_strided(const SRC* x, DST* y, 
                                                         i64 inner, i64 ldx_outer, i64 ldx_dim,
                                                         i64 ldy_outer, i64 ldy_dim, int tx_count) {
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE, 1>(x, y, outer, dim, inner, ldx_outer,
-                                                        ldx_dim, ldy_outer, ldy_dim, tx_count);
+  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE, 1, 0>(x, y, outer, dim, inner, ldx_outer,
+                                                           ldx_dim, ldy_outer, ldy_dim, tx_count);
 }
 
 #ifdef CUNORM_SM90
-template <typename SRC, typename DST, bool LOG, int PACK, bool CACHE, int CLUSTER>
-__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(256, 3)
+// Cached, each thread holds its first HELD rows of the slice in registers and the block is
+// built for 7 resident 128-thread blocks (72 registers): with HELD = 2 the 64-byte tiles' 32 KB
+// slices shrink to 28 KB, 7 blocks fit an SM's shared memory instead of 6, and the SM keeps
+// more of x in flight. H200, one process, GB/s, held 0 on (256, 3) bounds -> held 2 on
+// (128, 7): float16 (16, 4096, 1024) 2904 -> 2954, bfloat16 2868 -> 2907, float16 (32,
+// 4096, 1024) 3110 -> 3192, (16, 2048, 2048) 3004 -> 3052, (64, 1024, 1024) 3185 -> 3242,
+// float32 (8, 4096, 1024) 2551 -> 2676, float16 (4, 8192, 512) 1663 -> 1650; 4 rows held
+// (8 blocks by shared memory, 7 by registers) lost 2-4%, and 3 on 64 registers spilled
+// (benchmarks/results/nvidia-h200-2026-11-26-strided-held-profile.txt). The held rows load
+// with the L2 asked for the whole line, as the cp.async copies do (+0.3-1.3%). Uncached
+// kernels keep their (256, 3) bounds.
+template <typename SRC, typename DST, bool LOG, int PACK, bool CACHE, int CLUSTER, int HELD>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(CACHE ? 128 : 256, CACHE ? 7 : 3)
     softmax_strided_cluster(const SRC* x, DST* y, i64 outer, i64 dim, i64 inner, i64 ldx_outer,
                             i64 ldx_dim, i64 ldy_outer, i64 ldy_dim, int tx_count) {
+  static_assert(CACHE || HELD == 0, "only a cached slice holds rows in registers");
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C;
-  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE, CLUSTER>(x, y, outer, dim, inner, ldx_outer,
-                                                              ldx_dim, ldy_outer, ldy_dim, tx_count);
+  softmax_strided_impl<SRC, DST, C, LOG, PACK, CACHE, CLUSTER, HELD>(
+      x, y, outer, dim, inner, ldx_outer, ldx_dim, ldy_outer, ldy_dim, tx_count);
 }
 #endif
 

@@ -213,6 +213,10 @@ STRIDED_NARROW_TILE_BYTES = 32
 STRIDED_ROWS_PER_THREAD = 16
 STRIDED_SLICE_PREFERRED_BYTES = 32 * 1024
 STRIDED_SLICE_MAX_BYTES = 64 * 1024
+# Rows a thread of a cached cluster kernel holds in registers rather than shared memory (the
+# kernels' HELD): float16 (16, 4096, 1024) then fits 7 blocks an SM, not 6, 2904 -> 2954 GB/s
+# on H200 (softmax.cu softmax_strided_cluster has the measurements).
+STRIDED_HELD_ROWS = 2
 CLUSTER_SIZES = (2, 4, 8)  # portable cluster sizes (8 is the portable maximum)
 # Row clusters may also take 16 blocks where the device allows it (DeviceProps.max_cluster):
 # float32 rows of 262144 columns then stay in shared memory as 16 x 64 KB slices. H200, 768
@@ -231,7 +235,7 @@ ROW_CLUSTER_SIZES = (*CLUSTER_SIZES, 16)
 NORM_PORTABLE_CLUSTER_ITEMSIZES = (4,)
 BLOCK_SIZES = (128, 256, 512)  # smem kernels: __launch_bounds__(512, 1)
 UNCACHED_BLOCK = 512  # = __launch_bounds__ of softmax_uncached
-STRIDED_BLOCK = 128  # threads of a strided block (at most the kernels' bound, 256)
+STRIDED_BLOCK = 128  # threads of a strided block (kernel bounds 256, cached clusters 128)
 MAX_GRID = 2**31 - 1  # gridDim.x limit; kernels loop over rows beyond it
 # Rows the block path takes: its kernels of at most 16 values a thread in full packs count rows
 # in 32 bits (rows.cuh BlockRow: row + gridDim.x stays below 2^32), and one limit serves them
@@ -780,7 +784,7 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     ('strided-cached', 64)
     >>> plan_strided("softmax", "float16", "float16", 4, 8192, 512, 8, h100,
     ...              lambda k, b, s: 2).kernel
-    'cunorm::softmax_strided_cluster<cunorm::half_t, cunorm::half_t, false, 8, true, 8>'
+    'cunorm::softmax_strided_cluster<cunorm::half_t, cunorm::half_t, false, 8, true, 8, 2>'
     """
     if op not in SOFTMAX_OPS:
         raise ValueError(f"no strided kernel for {op}; expected one of {SOFTMAX_OPS}")
@@ -807,8 +811,13 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
     def slice_bytes(tx: int, c: int) -> int:
         return _cdiv(dim, c) * tx * pack * isz
 
+    def cached_bytes(tx: int, c: int) -> int:
+        # a cluster block holds its first STRIDED_HELD_ROWS rows a thread in registers
+        held = STRIDED_HELD_ROWS * (STRIDED_BLOCK // tx) if c > 1 else 0
+        return max(0, _cdiv(dim, c) - held) * tx * pack * isz
+
     def fits(tx: int, c: int, limit: int) -> bool:
-        return slice_bytes(tx, c) <= min(limit, _smem_capacity(props) - states_bytes(tx, c))
+        return cached_bytes(tx, c) <= min(limit, _smem_capacity(props) - states_bytes(tx, c))
 
     cached = next(((tx, c) for limit in (STRIDED_SLICE_PREFERRED_BYTES, STRIDED_SLICE_MAX_BYTES)
                    for tx in dict.fromkeys((tx_wide, tx_narrow)) for c in clusters
@@ -818,18 +827,18 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
         if cached is None:
             raise ValueError(f"path 'strided-cached' cannot cache dim={dim} in shared memory")
         tx, cluster = cached
-        smem = states_bytes(tx, cluster) + slice_bytes(tx, cluster)
-        cache = "true"
+        smem = states_bytes(tx, cluster) + cached_bytes(tx, cluster)
+        cache, held = "true", STRIDED_HELD_ROWS
     elif path == "strided":
         tx = tx_narrow
         cluster = next((c for c in clusters if slice_bytes(tx, c) <= STRIDED_SLICE_MAX_BYTES),
                        clusters[-1])
         smem = states_bytes(tx, cluster)
-        cache = "false"
+        cache, held = "false", 0
     else:
         raise ValueError(f"unknown strided path {path!r}; expected one of {STRIDED_PATHS}")
     name = (f"cunorm::softmax_strided<{head}, {pack}, {cache}>" if cluster == 1 else
-            f"cunorm::softmax_strided_cluster<{head}, {pack}, {cache}, {cluster}>")
+            f"cunorm::softmax_strided_cluster<{head}, {pack}, {cache}, {cluster}, {held}>")
     if occ(name, STRIDED_BLOCK, smem) <= 0:
         raise ValueError(f"path {path!r} does not fit: {smem} bytes of shared memory per block")
     tiles = outer * _cdiv(inner, tx * pack)
@@ -882,8 +891,9 @@ def all_kernel_names(arch: int) -> list[str]:
             if family == "softmax":
                 for cache in ("true", "false"):
                     names.add(f"cunorm::softmax_strided<{head}, {pack}, {cache}>")
-                    names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {cache}, {c}>"
-                                 for c in clusters)
+                    held = STRIDED_HELD_ROWS if cache == "true" else 0
+                    names.update(f"cunorm::softmax_strided_cluster<{head}, {pack}, {cache}, {c}, "
+                                 f"{held}>" for c in clusters)
     for (op, isz_src, isz_dst), (values, _) in BLOCK_MID.items():
         for src, dst in KERNEL_DTYPE_PAIRS if arch >= BLOCK_MID_MIN_ARCH else ():
             if (ITEMSIZE[src], ITEMSIZE[dst]) == (isz_src, isz_dst):

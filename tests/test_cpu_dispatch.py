@@ -919,16 +919,25 @@ def test_planner_rejects_path_of_the_other_family() -> None:
 def strided_args(plan: d.LaunchPlan) -> tuple[int, int, bool]:
     """(pack, cluster size, cached) of a strided plan."""
     base, args = template_args(plan.kernel)
-    if base == "cunorm::softmax_strided_cluster":  # <head, pack, cache, cluster>
-        assert len(args) == 6 and args[4] in ("true", "false"), plan
+    if base == "cunorm::softmax_strided_cluster":  # <head, pack, cache, cluster, held>
+        assert len(args) == 7 and args[4] in ("true", "false"), plan
         cluster = int(args[5])
         assert cluster > 1, plan
+        held = d.STRIDED_HELD_ROWS if args[4] == "true" else 0
+        assert int(args[6]) == held, plan
     else:
         assert base == "cunorm::softmax_strided" and len(args) == 5, plan
         assert args[4] in ("true", "false"), plan
         cluster = 1
     assert (args[4] == "true") == (plan.path == "strided-cached"), plan
     return int(args[3]), cluster, args[4] == "true"
+
+
+def cached_slice_bytes(dim: int, cluster: int, tx: int, pack: int, isz: int) -> int:
+    """Shared memory of a cached (dim slice, tile) slab: a cluster block's threads hold their
+    first STRIDED_HELD_ROWS rows in registers."""
+    held = d.STRIDED_HELD_ROWS * (d.STRIDED_BLOCK // tx) if cluster > 1 else 0
+    return max(0, -(-dim // cluster) - held) * tx * pack * isz
 
 
 def _check_strided(plan: d.LaunchPlan, outer: int, dim: int, inner: int, src: str,
@@ -945,7 +954,7 @@ def _check_strided(plan: d.LaunchPlan, outer: int, dim: int, inner: int, src: st
     tiles = outer * -(-inner // width)
     assert plan.grid == min(tiles, d.MAX_GRID // cluster) * cluster, plan
     assert cluster == 1 or props.has_clusters
-    slab = -(-dim // cluster) * width * isz if cached else 0
+    slab = cached_slice_bytes(dim, cluster, tx, pack, isz) if cached else 0
     assert slab <= d.STRIDED_SLICE_MAX_BYTES
     assert plan.smem > slab and plan.smem <= props.smem_per_block_optin
     # softmax_strided_impl's layout: a state row per warp, the final row, the mail rows
@@ -959,7 +968,7 @@ def _check_strided(plan: d.LaunchPlan, outer: int, dim: int, inner: int, src: st
         for c in smaller:
             states = (rows - cluster + (c if c > 1 else 0)) * state_row
             bound = min(limit, props.smem_per_block_optin - d.STATIC_SMEM_RESERVE - states)
-            assert -(-dim // c) * width * isz > bound, (plan, c)
+            assert cached_slice_bytes(dim, c, tx, pack, isz) > bound, (plan, c)
     else:  # read twice: one-sector tiles, dim split while a slice would not be cached
         assert tx == 1 or (tx // 2) * pack * isz < d.STRIDED_NARROW_TILE_BYTES, plan
         assert all(-(-dim // c) * width * isz > d.STRIDED_SLICE_MAX_BYTES for c in smaller)

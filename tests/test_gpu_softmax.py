@@ -282,6 +282,28 @@ def test_strided_paths(path, dtype, shape, grid):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(2, 100, 64), (3, 300, 64), (2, 1000, 24)])
+def test_strided_cluster_held_rows(dtype, shape):
+    """Cached cluster slices so short that a thread's rows lie all, or all but a few, among
+    the STRIDED_HELD_ROWS it keeps in registers (some threads hold fewer rows than that, or
+    none): the slice limits are lowered so that short dims take a cluster."""
+    if not cunorm._device.device_props(0).has_clusters:
+        pytest.skip("thread-block clusters need sm_90")
+    x, xh = random_input(shape, dtype, seed=12)
+    out = cupy.full(shape, np.nan, dtype=dtype)
+    small = {"STRIDED_SLICE_PREFERRED_BYTES": 1024, "STRIDED_SLICE_MAX_BYTES": 1024}
+    with _dispatch.override_constants(small):
+        cunorm.softmax(x, axis=1, out=out)
+        plan = next(p for p, *_ in softmax_module._PLANS.values())
+    assert plan.path == "strided-cached" and "_cluster<" in plan.kernel, plan
+    y = cupy.asnumpy(out).astype(np.float64)
+    assert not np.isnan(y).any()
+    ref = reference(xh, 1, False)
+    assert rel_err(y.transpose(0, 2, 1).reshape(-1, shape[1]),
+                   ref.transpose(0, 2, 1).reshape(-1, shape[1])) <= TOL[dtype.name]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("view", ["row_stride", "col_stride", "transposed", "offset",
                                   "negative", "broadcast"])
 def test_non_contiguous(dtype, view):

@@ -54,7 +54,9 @@ def kernels() -> None:
     cupy.cuda.Device().synchronize()
 
 
-STRIDED_CASES = [("float32", (32, 21, 256, 256)), ("float16", (16, 4096, 1024))]
+STRIDED_CASES = [("float32", (32, 21, 256, 256)), ("float16", (16, 4096, 1024)),
+                 ("bfloat16", (16, 4096, 1024)), ("float16", (32, 4096, 1024)),
+                 ("float16", (4, 8192, 512)), ("float32", (8, 4096, 1024))]
 # dispatcher constants tried for the strided path: name -> overrides ("before": the rule
 # before session 24, whose twice-read plans had no clusters, which no constant restores)
 STRIDED_VARIANTS = {
@@ -65,6 +67,9 @@ STRIDED_VARIANTS = {
     "slice64k": {"STRIDED_SLICE_PREFERRED_BYTES": 64 * 1024},
     "tile32": {"STRIDED_MIN_TILE_BYTES": 32},
     "uncached": {"STRIDED_SLICE_PREFERRED_BYTES": 0, "STRIDED_SLICE_MAX_BYTES": 0},
+    # rows a thread of a cached cluster kernel holds in registers (the shipped 2 is "default")
+    "held0": {"STRIDED_HELD_ROWS": 0},
+    "held4": {"STRIDED_HELD_ROWS": 4},
 }
 
 

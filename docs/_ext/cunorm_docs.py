@@ -291,6 +291,7 @@ def dispatch_substitutions() -> str:
         "strided_slice": kb(d.STRIDED_SLICE_MAX_BYTES),
         "strided_slice_pref": kb(d.STRIDED_SLICE_PREFERRED_BYTES),
         "strided_narrow": d.STRIDED_NARROW_TILE_BYTES,
+        "strided_held": d.STRIDED_HELD_ROWS,
     }
     return "".join(f".. |d.{k}| replace:: {v}\n" for k, v in values.items())
 
