@@ -73,10 +73,20 @@ WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32,
 #   layer_norm float16 128 1860 -> 2030, 256 2300 -> 2630; bfloat16 256 2210 -> 2520;
 #              float32 128 2590 -> 2790; rms_norm float16 64 1290 -> 1400, 256 2570 -> 2765
 #   softmax float16 256 2820 -> 2860, log_softmax float16 256 2760 -> 2860, but softmax float16
-#   64 1600 -> 1480 (hence its minimum of 32 packs); rms_norm float32 32 / 64 lost 1-2%;
-#   layer_norm and rms_norm with a residual lost 1-5% at 64-256 columns.
+#   64 1600 -> 1480; rms_norm float32 32 / 64 lost 1-2%; layer_norm and rms_norm with a
+#   residual lost 1-5% at 64-256 columns.
+# Softmax narrows from 4 packs too (it took 32 until session 39), except 16-bit rows of
+# exactly 8 packs (64 columns), which keep a pack a lane and two rows a group
+# (WARP_GROUP_KEEP_TINY). H200, 49152 rows, GB/s, tiny-row groups -> narrowed, two rounds
+# alike (benchmarks/results/nvidia-h200-2026-11-26-short-rows-profile.txt): softmax float32 64
+# 2241 -> 2277, log_softmax float32 32 1435 -> 1554, 64 2155 -> 2300, float16 128 2094 ->
+# 2203, bfloat16 128 2092 -> 2209, softmax float16 32 906 -> 964, float64 32 1800 -> 2081,
+# log_softmax float64 16 1146 -> 1300; 16-bit rows of 64 columns lost 1-6% narrowed
+# (float16 1530 -> 1446), and lost a further 3% as a pack a lane and one row a group.
 WARP_GROUP_PACKS = {"norm": 2, "softmax": 2}
-WARP_GROUP_MIN_PACKS = {"norm": 4, "softmax": 32}
+WARP_GROUP_MIN_PACKS = {"norm": 4, "softmax": 4}
+#: (pack, packs a row) that keep the tiny-row groups rather than narrowed ones, by family
+WARP_GROUP_KEEP_TINY = {"softmax": ((8, 8),)}
 # Narrowed norm rows of exactly this many packs (16-bit 64 columns, float32 32) take a lane a
 # pack and several rows a group, WARP_SPREAD_VALUES values a lane (2 rows of 16-bit data, 4 of
 # float32), instead of half the lanes holding two packs of one row: each lane then loads and
@@ -469,10 +479,14 @@ def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
     (8, 32, 1)
     >>> warp_config(64, 8, 4, "norm", narrow=True)  # 8 packs: a pack a lane, two rows a group
     (8, 8, 2)
-    >>> warp_config(64, 8, 4, "softmax", narrow=True)  # tiny rows: 8 lanes, 2 rows a group
+    >>> warp_config(64, 8, 4, "softmax", narrow=True)  # kept tiny: 8 lanes, 2 rows a group
     (8, 8, 2)
+    >>> warp_config(64, 4, 4, "softmax", narrow=True)  # float32: 8 lanes of 2 packs
+    (8, 8, 1)
     """
     target = WARP_GROUP_PACKS.get(family, 0) if narrow else 0
+    if (pack, _cdiv(cols, pack)) in WARP_GROUP_KEEP_TINY.get(family, ()):
+        target = 0
     if target and cols >= WARP_GROUP_MIN_PACKS.get(family, 0) * pack:
         if cbytes == 4 and _cdiv(cols, pack) == WARP_SPREAD_PACKS.get(family):
             return pack, _cdiv(cols, pack), max(1, WARP_SPREAD_VALUES // pack)

@@ -134,13 +134,14 @@ def test_pick_block_keeps_occupancy_of_smallest_block() -> None:
     [
         (1, 16, 1, 1, 2), (2, 16, 2, 1, 2), (3, 16, 1, 4, 2), (4, 16, 4, 1, 2),
         (5, 16, 1, 8, 2), (6, 16, 2, 4, 2), (8, 16, 4, 2, 2), (12, 16, 4, 4, 2),
-        (16, 16, 4, 4, 2), (17, 16, 1, 32, 1), (31, 16, 1, 32, 1), (32, 16, 4, 8, 2),
-        (32, 1, 1, 32, 1), (32, 2, 2, 16, 2), (64, 16, 4, 16, 2), (68, 16, 4, 32, 1),
-        (96, 16, 4, 32, 1), (9, 16, 1, 16, 2),
+        (17, 16, 1, 32, 1), (31, 16, 1, 32, 1), (32, 1, 1, 32, 1), (32, 2, 2, 16, 2),
+        (64, 2, 2, 32, 1), (9, 16, 1, 16, 2),
     ],
 )
 def test_warp_tiny_rows_float32(cols: int, align: int, pack: int, group: int,
                                 rows_per_group: int) -> None:
+    """float32 rows below WARP_GROUP_MIN_PACKS full packs, or in narrower packs: a pack a
+    lane (test_warp_groups_narrow has the rest)."""
     plan = rows_plan(cols, align=align)
     assert warp_args(plan) == (pack, pack, group, rows_per_group)
     assert (plan.block, plan.smem, plan.tx_count) == (d.WARP_BLOCK, 0, 0)
@@ -157,7 +158,8 @@ def test_warp_tiny_rows_every_group_width(src: str, dst: str) -> None:
             plan = rows_plan(cols, src, dst, align=align)
             pack, per_thread, group, rpg = warp_args(plan)
             narrowed = d.narrow_groups(src, dst, pack) and (
-                cols >= d.WARP_GROUP_MIN_PACKS["softmax"] * pack)
+                cols >= d.WARP_GROUP_MIN_PACKS["softmax"] * pack) and (
+                (pack, -(-cols // pack)) not in d.WARP_GROUP_KEEP_TINY["softmax"])
             if cols > 32 * pack or narrowed:
                 continue
             widths.add(group)
@@ -181,8 +183,9 @@ def test_warp_groups_narrow(op: str, src: str) -> None:
     """Rows of full packs from WARP_GROUP_MIN_PACKS packs on take the narrowest group whose
     lanes hold at most WARP_GROUP_PACKS packs (one row a group), except the norms' rows of
     WARP_SPREAD_PACKS packs in float compute, which take a lane a pack and WARP_SPREAD_VALUES
-    values a lane in rows; from 32 x WARP_GROUP_PACKS packs on, 32 lanes as before. Scalar
-    packs and the residual norms never narrow."""
+    values a lane in rows, and the WARP_GROUP_KEEP_TINY rows, which keep a pack a lane and two
+    rows a group; from 32 x WARP_GROUP_PACKS packs on, 32 lanes as before. Scalar packs and
+    the residual norms never narrow."""
     family = "softmax" if op in d.SOFTMAX_OPS else "norm"
     most, least = d.WARP_GROUP_PACKS[family], d.WARP_GROUP_MIN_PACKS[family]
     full = 16 // ITEMSIZE[src]
@@ -190,6 +193,9 @@ def test_warp_groups_narrow(op: str, src: str) -> None:
     seen = set()
     for npacks in range(least, 32 * most + 1):
         pack, per_thread, group, rpg = _warp_row_config(op, src, npacks * full)
+        if (full, npacks) in d.WARP_GROUP_KEEP_TINY.get(family, ()):
+            assert (pack, per_thread, group, rpg) == (full, full, npacks, 2), npacks
+            continue
         if npacks == spread:
             assert (pack, per_thread, group) == (full, full, npacks)
             assert rpg * per_thread == d.WARP_SPREAD_VALUES, (rpg, per_thread)
@@ -269,10 +275,10 @@ def test_warp_grid_is_one_block_per_row_groups() -> None:
     assert d.WARP_BLOCK == 64
     # group 1, 2 rows per group: 64 / 1 * 2 = 128 rows per block
     assert rows_plan(1, rows=1000).grid == 8
-    # group 32, 1 row per group: 2 rows per block
-    assert rows_plan(68, rows=1000).grid == 500
-    assert rows_plan(68, rows=10**7).grid == 5_000_000
-    assert rows_plan(68, rows=2**40).grid == d.MAX_GRID  # the kernel loops beyond it
+    # group 32 (scalar packs), 1 row per group: 2 rows per block
+    assert rows_plan(68, rows=1000, align=1).grid == 500
+    assert rows_plan(68, rows=10**7, align=1).grid == 5_000_000
+    assert rows_plan(68, rows=2**40, align=1).grid == d.MAX_GRID  # the kernel loops beyond it
     # group 16 (a float32 row of 128 cols on 2 packs a lane): 4 rows per block
     assert rows_plan(128, rows=1000).grid == 250
 

@@ -355,6 +355,16 @@ WARP_GROUP_CASES = [
     for cols in (32, 64, 128, 256, 512, 1024) if cols <= (512 if dt == "float32" else 1024)]
 
 
+# Softmax rows of 4-31 full packs on narrowed lane groups (session 39) against the tiny-row
+# groups (a pack a lane, two rows a group) they took before, and with the 16-bit rows of 64
+# columns narrowed too (softmax-narrow).
+SOFTMAX_NARROW_VARIANTS = [
+    ("tiny rows", {"WARP_GROUP_MIN_PACKS": {"norm": 4, "softmax": 32}}),
+    ("all narrowed", {"WARP_GROUP_KEEP_TINY": {}}), ("shipped", {})]
+SOFTMAX_NARROW_CASES = [(op, dt, cols) for op in ("softmax", "log_softmax")
+                        for dt in ("float16", "bfloat16", "float32") for cols in (32, 64, 128)]
+
+
 # Lanes holding 4 packs of a row (32 16-bit values) against 2 (WARP_GROUP_PACKS): the
 # Inductor kernels hold 32 values a lane on 256-1024-column rows (4 rows a warp at 256), so
 # twice the bytes in flight a warp (warp-packs).
