@@ -149,6 +149,17 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       }
       const i64 ds = d0 + static_cast<i64>(HELD) * ty_count;  // first row in shared memory
       const int n = n_all > HELD ? n_all - HELD : 0;
+      // f(v) with the values of each row held in registers
+      const auto each_held = [&](auto&& f) {
+#pragma unroll
+        for (int r = 0; r < HELD; ++r) {
+          if (r < n_all) {
+            C v[PACK];
+            pack_to_compute<C>(held[r], v);
+            f(v);
+          }
+        }
+      };
 #pragma unroll
       for (int g = 0; g < CH; ++g) {
         for (int i = g * n / CH; i < (g + 1) * n / CH; ++i) {
@@ -157,15 +168,10 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
         }
         copy_async_commit();
       }
+      each_held([&](const C* v) {
 #pragma unroll
-      for (int r = 0; r < HELD; ++r) {
-        if (r < n_all) {
-          C v[PACK];
-          pack_to_compute<C>(held[r], v);
-#pragma unroll
-          for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
-        }
-      }
+        for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
+      });
 #pragma unroll
       for (int g = 0; g < CH; ++g) {
         copy_async_wait_dyn<CH>(CH - 1 - g);
@@ -177,15 +183,10 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
           for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
         }
       }
+      each_held([&](const C* v) {
 #pragma unroll
-      for (int r = 0; r < HELD; ++r) {
-        if (r < n_all) {
-          C v[PACK];
-          pack_to_compute<C>(held[r], v);
-#pragma unroll
-          for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
-        }
-      }
+        for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
+      });
 #pragma unroll 2
       for (i64 d = ds; d < d_end; d += ty_count) {
         C v[PACK];
