@@ -118,6 +118,18 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     // slab[d * width] for d in this block's slice past its HELD rows a thread
     SRC* slab = cache + tx * PACK - (d_begin + static_cast<i64>(HELD) * ty_count) * width;
     Pack<SRC, PACK> held[HELD > 0 ? HELD : 1];
+    // f(d, v) with the row index and values of each row held in registers
+    const auto each_held = [&](auto&& f) {
+#pragma unroll
+      for (int r = 0; r < HELD; ++r) {
+        const i64 d = d_begin + ty + static_cast<i64>(r) * ty_count;
+        if (d < d_end) {
+          C v[PACK];
+          pack_to_compute<C>(held[r], v);
+          f(d, v);
+        }
+      }
+    };
     MS st[PACK];
 #pragma unroll
     for (int j = 0; j < PACK; ++j) st[j].init();
@@ -149,17 +161,6 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       }
       const i64 ds = d0 + static_cast<i64>(HELD) * ty_count;  // first row in shared memory
       const int n = n_all > HELD ? n_all - HELD : 0;
-      // f(v) with the values of each row held in registers
-      const auto each_held = [&](auto&& f) {
-#pragma unroll
-        for (int r = 0; r < HELD; ++r) {
-          if (r < n_all) {
-            C v[PACK];
-            pack_to_compute<C>(held[r], v);
-            f(v);
-          }
-        }
-      };
 #pragma unroll
       for (int g = 0; g < CH; ++g) {
         for (int i = g * n / CH; i < (g + 1) * n / CH; ++i) {
@@ -168,7 +169,7 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
         }
         copy_async_commit();
       }
-      each_held([&](const C* v) {
+      each_held([&](i64, const C* v) {
 #pragma unroll
         for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
       });
@@ -183,7 +184,7 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
           for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
         }
       }
-      each_held([&](const C* v) {
+      each_held([&](i64, const C* v) {
 #pragma unroll
         for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
       });
@@ -267,18 +268,13 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       // NVVM could not tell the pack's 4-byte pieces were contiguous and stored each alone
       // (four 32-bit stores a 16-byte pack).
       const DirectStore<C, DST> out(y + o * ldy_outer + t * width + tx * PACK, ldy_dim);
-      if constexpr (CACHE && HELD > 0) {
+      if constexpr (CACHE) {
+        each_held([&](i64 d, const C* held_v) {
+          C v[PACK];
 #pragma unroll
-        for (int r = 0; r < HELD; ++r) {
-          const i64 d = d_begin + ty + static_cast<i64>(r) * ty_count;
-          if (d < d_end) {
-            C v[PACK];
-            pack_to_compute<C>(held[r], v);
-#pragma unroll
-            for (int j = 0; j < PACK; ++j) v[j] = fin[j](v[j]);
-            out.template store<PACK>(v, d, 0);
-          }
-        }
+          for (int j = 0; j < PACK; ++j) v[j] = fin[j](held_v[j]);
+          out.template store<PACK>(v, d, 0);
+        });
       }
 #pragma unroll 4
       for (i64 d = d_begin + ty + (CACHE ? static_cast<i64>(HELD) * ty_count : 0); d < d_end;
