@@ -329,6 +329,9 @@ template <typename SRC, typename C> struct DirectLoad {
   template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
     return load_pack<SRC, N>(address(row, col));
   }
+  // Whether fetch comes in two steps (ResidualLoad, below): a plain load writes nothing, so
+  // the compiler may already issue a thread's loads together.
+  static constexpr bool kStaged = false;
   template <int N, bool WORDS = true>
   __device__ __forceinline__ void convert(const Pack<SRC, N>& p, C* dst, i64, i64) const {
     pack_to_compute<C, WORDS>(p, dst);
@@ -414,17 +417,30 @@ template <typename SRC, typename C> struct ResidualLoad {
   i64 ldh;
   __device__ ResidualLoad(const SRC* x_, i64 ldx, const SRC* r_, i64 ldr, SRC* h_, i64 ldh_)
       : x(x_, ldx), r(r_, ldr), h(h_), ldh(ldh_) {}
-  template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
-    const Pack<SRC, N> a = x.template fetch<N>(row, col);
-    const Pack<SRC, N> b = r.template fetch<N>(row, col);
+  // fetch in two steps: stage<N> issues the loads, land<N> forms the sum and writes it to h.
+  // The store to h orders every later load after it (h might alias x or r as far as the
+  // compiler knows; cunorm/norm.py allocates it fresh), so kernels holding several packs
+  // stage all of them before landing the first (rows.cuh fetch_packs); fetched one after the
+  // other, each pack waited on memory in turn (PTX of norm_warp<half_t, false, true, 8, 32,
+  // 32, 1>: ld x, ld r, st h, four times over).
+  static constexpr bool kStaged = true;
+  template <int N> struct Staged { Pack<SRC, N> a, b; };
+  template <int N> __device__ __forceinline__ Staged<N> stage(i64 row, i64 col) const {
+    return Staged<N>{x.template fetch<N>(row, col), r.template fetch<N>(row, col)};
+  }
+  template <int N>
+  __device__ __forceinline__ Pack<SRC, N> land(const Staged<N>& s, i64 row, i64 col) const {
     C ca[N], cb[N];
-    pack_to_compute<C>(a, ca);
-    pack_to_compute<C>(b, cb);
+    pack_to_compute<C>(s.a, ca);
+    pack_to_compute<C>(s.b, cb);
     Pack<SRC, N> sum;
 #pragma unroll
     for (int i = 0; i < N; ++i) sum.v[i] = from_compute<SRC>(ca[i] + cb[i]);
     store_pack<SRC, N>(h + row * ldh + col, sum);
     return sum;
+  }
+  template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
+    return land<N>(stage<N>(row, col), row, col);
   }
   template <int N, bool WORDS = true>
   __device__ __forceinline__ void convert(const Pack<SRC, N>& p, C* dst, i64 row, i64 col) const {

@@ -50,14 +50,74 @@ template <typename COL> struct PackAt {
   COL col;
   bool valid;
 };
-template <int N, int PACK, class OP, bool PAD = true, class LOAD, class AT, class DST>
+// The valid ones of N packs at(u) fetched, put(u, raw pack). A LOAD that fetches in two steps
+// (LOAD::kStaged: common.cuh ResidualLoad, whose stores of h would otherwise hold each next
+// load back) issues the loads of STAGE packs before it lands the first of them. Registers
+// bound STAGE (stage_packs): the staged raw x and r of 16-byte packs take 8 a pack.
+template <int N, int PACK, int STAGE, class LOAD, class AT, class PUT>
+__device__ __forceinline__ void fetch_packs(const LOAD& load, const AT& at, const PUT& put) {
+  if constexpr (STAGE > 1) {
+#pragma unroll
+    for (int u0 = 0; u0 < N; u0 += STAGE) {
+      // zeroed: with the slots of invalid packs left undefined, ptxas spilled the warp kernels
+      typename LOAD::template Staged<PACK> staged[STAGE] = {};
+#pragma unroll
+      for (int u = u0; u < u0 + STAGE && u < N; ++u) {
+        const auto a = at(u);
+        if (a.valid) staged[u - u0] = load.template stage<PACK>(a.row, a.col);
+      }
+#pragma unroll
+      for (int u = u0; u < u0 + STAGE && u < N; ++u) {
+        const auto a = at(u);
+        if (a.valid) put(u, load.template land<PACK>(staged[u - u0], a.row, a.col));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      const auto a = at(u);
+      if (a.valid) put(u, load.template fetch<PACK>(a.row, a.col));
+    }
+  }
+}
+// STAGE of fetch_packs: `packs` 16-byte packs at a time where the kernel has the registers
+// (`room`), else one by one as fetch does. What each path stages and why, H200, with a
+// residual, weight and bias, one process against the unstaged kernels (GB/s, 49152 rows;
+// benchmarks/results/nvidia-h200-2026-11-26-staged-loads-profile.txt):
+//   warp path, 4 packs (CUNORM_STAGE_PACKS), 2 where a lane holds 128 bytes of row or more:
+//     layer_norm float16 1000 / 1024 cols 3716 -> 3892 / 3877 -> 3992, bfloat16 3748 -> 3923
+//     / 3888 -> 3957, float32 512 3889 -> 3996, rms_norm float16 1024 3873 -> 3965 (2 packs:
+//     about half of that); rows of 32-256 columns (one or two packs a row) did not move;
+//   block path, rows of at most 2 packs a thread (CUNORM_BLOCK_STAGE_PACKS), 4- and 8-byte
+//     elements (the 16-bit kernels have 32 registers): float32 1024 cols 4090 -> 4137;
+//     float32 rows of 4 packs gained at 8192 cols (4032 -> 4130) and lost at 4096 (4206 ->
+//     4070-4140: the registers left 4 resident 256-thread blocks, not 5), so they fetch as
+//     before;
+//   one-block shared-memory rows, 2 packs (CUNORM_SMEM_STAGE_PACKS), float32 on 512-thread
+//     blocks (cunorm/_dispatch.py _plan_smem): layer_norm float32 12288 cols 3825 -> 4118,
+//     16384 3918 -> 4097, rms_norm 3761 -> 4130 / 4018 -> 4118; 4 packs took 77 registers
+//     (16384: 3710) and 16-bit rows 60 (12288: 3428-3801 against 4080); 16-bit rows stay at
+//     40 registers with 2 and as fast as before (4071 against 4080);
+//   cluster and uncached rows fetch as before (registers capped for resident blocks; an
+//     uncached row reads h back).
+// No spills on sm_80 or sm_90 (nvcc 13, tests/test_nvcc.py). The macros are for measurement.
+#ifndef CUNORM_STAGE_PACKS
+#define CUNORM_STAGE_PACKS 4
+#endif
+#ifndef CUNORM_BLOCK_STAGE_PACKS
+#define CUNORM_BLOCK_STAGE_PACKS 2
+#endif
+#ifndef CUNORM_SMEM_STAGE_PACKS
+#define CUNORM_SMEM_STAGE_PACKS 2
+#endif
+template <class LOAD, int PACK>
+__host__ __device__ constexpr int stage_packs(bool room, int packs) {
+  return LOAD::kStaged && room && sizeof(Pack<typename LOAD::raw_t, PACK>) == 16 ? packs : 1;
+}
+template <int N, int PACK, class OP, bool PAD = true, int STAGE = 1, class LOAD, class AT, class DST>
 __device__ __forceinline__ int load_packs(const LOAD& load, const AT& at, const DST& dst) {
   Pack<typename LOAD::raw_t, PACK> raw[N] = {};
-#pragma unroll
-  for (int u = 0; u < N; ++u) {
-    const auto a = at(u);
-    if (a.valid) raw[u] = load.template fetch<PACK>(a.row, a.col);
-  }
+  fetch_packs<N, PACK, STAGE>(load, at, [&](int u, const auto& p) { raw[u] = p; });
   int nvalid = 0;
 #pragma unroll
   for (int u = 0; u < N; ++u) {
@@ -167,13 +227,40 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       typedef Pack<typename LOAD::raw_t, PACK> RawPack;
       Words<RawPack> raw[ROWS][NPACK] = {};
       C buf[ROWS][COLS];
+      constexpr int STAGE = stage_packs<LOAD, PACK>(
+          true, COLS * sizeof(typename LOAD::raw_t) >= 128 ? 2 : CUNORM_STAGE_PACKS);
+      if constexpr (STAGE > 1 && NPACK < STAGE) {
+        // rows of fewer packs than STAGE: the group's rows together (pack u of row u / NPACK;
+        // float32 32 columns, two rows a group, 2061 -> 2122 GB/s)
+        fetch_packs<ROWS * NPACK, PACK, STAGE>(
+            load,
+            [&](int u) {
+              const unsigned col = pack_col(u % NPACK);
+              return PackAt<unsigned>{row0 + u / NPACK, col, row0 + u / NPACK < rows && col < ncols};
+            },
+            [&](int u, const RawPack& v) { raw[u / NPACK][u % NPACK] = to_words(v); });
+      } else if constexpr (STAGE > 1) {
+        // row by row (one fetch_packs over all the group's packs spilled the 1024-column
+        // 16-bit kernels)
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
+        for (int r = 0; r < ROWS; ++r) {
+          fetch_packs<NPACK, PACK, STAGE>(
+              load,
+              [&](int p) {
+                const unsigned col = pack_col(p);
+                return PackAt<unsigned>{row0 + r, col, row0 + r < rows && col < ncols};
+              },
+              [&](int p, const RawPack& v) { raw[r][p] = to_words(v); });
+        }
+      } else {
 #pragma unroll
-        for (int p = 0; p < NPACK; ++p) {
-          const unsigned col = pack_col(p);
-          if (row0 + r < rows && col < ncols)
-            raw[r][p] = to_words(load.template fetch<PACK>(row0 + r, col));
+        for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+          for (int p = 0; p < NPACK; ++p) {
+            const unsigned col = pack_col(p);
+            if (row0 + r < rows && col < ncols)
+              raw[r][p] = to_words(load.template fetch<PACK>(row0 + r, col));
+          }
         }
       }
       typename ST::template Params<PACK> prm[EARLY ? NPACK : 1];
@@ -375,7 +462,10 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     return block_all_reduce<SumOp<A>>(s2, scratch2);
   };
   for (ROW row = blockIdx.x; row < static_cast<ROW>(rows); row += gridDim.x) {
-    load_packs<NPACK, PACK, OP, !OP::kZeroPad>(load, [&](int p) {
+    // (16-bit rows in full packs have 32 registers: rows.cuh CUNORM_BLOCK_BOUNDS, norm.cu)
+    constexpr int STAGE =
+        stage_packs<LOAD, PACK>(sizeof(typename LOAD::raw_t) >= 4 && NPACK <= 2, CUNORM_BLOCK_STAGE_PACKS);
+    load_packs<NPACK, PACK, OP, !OP::kZeroPad, STAGE>(load, [&](int p) {
       const unsigned col = pack_col(p);
       return PackAt<unsigned>{row, col, col < ncols};
     }, [&](int p) { return buf + p * PACK; });
@@ -469,8 +559,21 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   // Each thread fills, reads and writes the same packs: its own cp.async wait makes them
   // visible to it, no block barrier is needed for the data.
   for (i64 row = blockIdx.x / CLUSTER; row < rows; row += nclusters, ++k) {
-    for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
-      load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
+    constexpr int STAGE = stage_packs<LOAD, PACK>(CLUSTER == 1, CUNORM_SMEM_STAGE_PACKS);
+    if constexpr (STAGE > 1) {  // through registers (ResidualLoad::fill), STAGE packs at a time
+      for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += STAGE * step) {
+        fetch_packs<STAGE, PACK, STAGE>(
+            load,
+            [&](int u) {
+              const i64 p = p0 + u * step;
+              return PackAt<i64>{row, p * PACK, p < pack_end};
+            },
+            [&](int u, const RawPack& v) { cache[p0 + u * step - pack_begin] = v; });
+      }
+    } else {
+      for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step)
+        load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
+    }
     copy_async_commit();
     constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
     static_assert(PREFETCH == Prefetch::kNone || STORE::kParams, "nothing to prefetch");

@@ -429,10 +429,12 @@ def pick_block(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int]:
     return BLOCK_SIZES[0], base
 
 
-def pick_block_threads(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int]:
+def pick_block_threads(kernel: str, smem: int, occ: Occupancy,
+                       larger_on_tie: bool = False) -> tuple[int, int]:
     """The block size with the most resident threads (block x blocks per SM), the smaller on a
-    tie: a norm's shared-memory path waits on its weight and bias loads at the stores, and more
-    resident warps hide that better than more resident rows. H200, 24576 rows, weight and
+    tie (the larger with ``larger_on_tie``: see :func:`_plan_smem`): a norm's shared-memory
+    path waits on its weight and bias loads at the stores, and more resident warps hide that
+    better than more resident rows. H200, 24576 rows, weight and
     bias (tools/gpu_profile.py smem-blocks), against :func:`pick_block`'s choice: layer_norm
     float16 12288 cols 256 x 6 blocks 3582 GB/s against 128 x 8 3284, bfloat16 3482 / 3187,
     rms_norm bfloat16 32768 cols 512 x 2 3914 against 256 x 3 3405; the other norm cells
@@ -445,7 +447,8 @@ def pick_block_threads(kernel: str, smem: int, occ: Occupancy) -> tuple[int, int
     best = (BLOCK_SIZES[0], 0)
     for block in BLOCK_SIZES:
         per_sm = occ(kernel, block, smem)
-        if block * per_sm > best[0] * best[1]:
+        threads, best_threads = block * per_sm, best[0] * best[1]
+        if threads > best_threads or (larger_on_tie and threads == best_threads > 0):
             best = (block, per_sm)
     return best
 
@@ -631,7 +634,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         name = f"cunorm::{family}_block<{head}, {pack}, {per_thread}>"
         return LaunchPlan("block", name, min(rows, MAX_GRID), threads, 0)
     if path in ("smem", "cluster"):
-        return _plan_smem(family, head, src, rows, cols, pack, props, occ, path == "cluster")
+        return _plan_smem(family, head, src, rows, cols, pack, props, occ, path == "cluster",
+                          residual)
     if path == "uncached":
         name = f"cunorm::{family}_uncached<{head}, {pack}>"
         per_sm = max(1, occ(name, UNCACHED_BLOCK, 0))
@@ -749,7 +753,8 @@ def _uncached_cluster(row_bytes: int, props: DeviceProps) -> int:
 
 
 def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int,
-               props: DeviceProps, occ: Occupancy, want_cluster: bool) -> LaunchPlan:
+               props: DeviceProps, occ: Occupancy, want_cluster: bool,
+               residual: bool = False) -> LaunchPlan:
     if want_cluster and not props.has_clusters:
         raise ValueError(f"path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
     cfg = smem_config(cols, pack, ITEMSIZE[src], props,
@@ -765,8 +770,19 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
     # the cluster-free one (nvcc 13, sm_90: bfloat16 softmax with 8-element packs, 40 alone and
     # 54 in a cluster of 8), and a block size sized for the smaller count left 64 KB slices
     # at 2 resident blocks per SM instead of 3.
-    picker = pick_block_threads if family == "norm" else pick_block
-    block, per_sm = picker(name, smem, occ)
+    # A one-block residual row of 4- or 8-byte elements goes into shared memory through
+    # registers (x + r formed and written to h on the way: rows.cuh rows_smem), two packs at a
+    # time, so a thread with fewer packs waits fewer rounds: of two sizes with as many resident
+    # threads, the larger. H200, weight and bias, one process (benchmarks/results/nvidia-h200-
+    # 2026-11-26-staged-loads-profile.txt): layer_norm float32 (16384, 12288) 256 x 4 3777
+    # GB/s against 512 x 2 4118, rms_norm 3885 / 4130 (unstaged, layer_norm 3825 / 3908); 16-bit
+    # rows (half the packs) keep the smaller: layer_norm float16 (16384, 12288) 256 x 6 4071
+    # against 512 x 3 4005.
+    if family == "norm":
+        larger = residual and cluster == 1 and ITEMSIZE[src] >= 4
+        block, per_sm = pick_block_threads(name, smem, occ, larger)
+    else:
+        block, per_sm = pick_block(name, smem, occ)
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
     if cluster == 1:

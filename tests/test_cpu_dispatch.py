@@ -113,6 +113,11 @@ def test_pick_block_threads_most_resident_threads() -> None:
     assert d.pick_block_threads("k", 0, lambda k, b, s: {128: 3, 256: 3, 512: 3}[b]) == (512, 3)
     assert d.pick_block_threads("k", 0, lambda k, b, s: 16 * 128 // b) == (128, 16)
     assert d.pick_block_threads("k", 0, lambda k, b, s: 0) == (128, 0)
+    # the residual's one-block rows: the larger of two sizes with as many threads
+    tie = {128: 8, 256: 4, 512: 2}
+    assert d.pick_block_threads("k", 0, lambda k, b, s: tie[b]) == (128, 8)
+    assert d.pick_block_threads("k", 0, lambda k, b, s: tie[b], larger_on_tie=True) == (512, 2)
+    assert d.pick_block_threads("k", 0, lambda k, b, s: 0, larger_on_tie=True) == (128, 0)
     occ = lambda k, b, s: {128: 8, 256: 6, 512: 3}[b]  # noqa: E731
     assert rows_plan(12288, "float16", op="layer_norm", occ=occ).block == 256
     assert rows_plan(20480, "float16", op="softmax", occ=occ).block == 128
@@ -1335,3 +1340,22 @@ def test_block_mid_rows(props: DeviceProps) -> None:
     assert plan("layer_norm", "float32", 12288, p=sm80).path == "smem"
     for op, src, dst in (("softmax", "float16", "float32"), ("layer_norm", "float64", "float64")):
         assert d.block_mid_config(op, src, dst, 12288, 16 // d.ITEMSIZE[dst], 90) is None
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_residual_one_block_rows_take_the_larger_block_on_a_tie(op: str) -> None:
+    """A one-block shared-memory row of float32 with a residual: of the block sizes keeping as
+    many threads resident, the larger (its row reaches shared memory through registers, a few
+    packs a thread at a time); without one, on clusters and for 16-bit rows, the smaller."""
+    def occ(kernel: str, block: int, smem: int) -> int:  # registers: 1024 threads an SM
+        return 1024 // block
+
+    def block(cols: int, residual: bool, force: str = "smem", src: str = "float32") -> int:
+        plan = d.plan_rows(op, src, src, 4096, cols, 16, H200, occ, force, residual=residual)
+        return plan.block
+
+    assert block(12288, True) == 512
+    assert block(12288, True, src="float64") == 512
+    assert block(12288, False) == 128
+    assert block(65536, True, "cluster") == 128
+    assert block(12288, True, src="float16") == 128
