@@ -85,9 +85,10 @@ __device__ __forceinline__ void fetch_packs(const LOAD& load, const AT& at, cons
 // residual, weight and bias, one process against the unstaged kernels (GB/s, 49152 rows;
 // benchmarks/results/nvidia-h200-2026-11-26-staged-loads-profile.txt):
 //   warp path, 4 packs (CUNORM_STAGE_PACKS), 2 where a lane holds 128 bytes of row or more:
-//     layer_norm float16 1000 / 1024 cols 3716 -> 3892 / 3877 -> 3992, bfloat16 3748 -> 3923
-//     / 3888 -> 3957, float32 512 3889 -> 3996, rms_norm float16 1024 3873 -> 3965 (2 packs:
-//     about half of that); rows of 32-256 columns (one or two packs a row) did not move;
+//     layer_norm float16 1000 / 1024 cols 3728 -> 3881 / 3887 -> 3996, bfloat16 3717 -> 3906
+//     / 3882 -> 3984, float32 512 3894 -> 3995, rms_norm float16 1024 3882 -> 3960 (2 packs:
+//     about half of that); a group's two rows of one pack each staged together: float32 32
+//     cols 1996 -> 2117, 16-bit 32 cols +2%, 64-128 within 1%;
 //   block path, rows of at most 2 packs a thread (CUNORM_BLOCK_STAGE_PACKS), 4- and 8-byte
 //     elements (the 16-bit kernels have 32 registers): float32 1024 cols 4090 -> 4137;
 //     float32 rows of 4 packs gained at 8192 cols (4032 -> 4130) and lost at 4096 (4206 ->
@@ -227,7 +228,8 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       typedef Pack<typename LOAD::raw_t, PACK> RawPack;
       Words<RawPack> raw[ROWS][NPACK] = {};
       C buf[ROWS][COLS];
-      constexpr int STAGE = stage_packs<LOAD, PACK>(
+      // (a lane of one pack fetches it as before: nothing to issue ahead)
+      constexpr int STAGE = ROWS * NPACK == 1 ? 1 : stage_packs<LOAD, PACK>(
           true, COLS * sizeof(typename LOAD::raw_t) >= 128 ? 2 : CUNORM_STAGE_PACKS);
       if constexpr (STAGE > 1 && NPACK < STAGE) {
         // rows of fewer packs than STAGE: the group's rows together (pack u of row u / NPACK;
