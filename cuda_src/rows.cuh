@@ -115,7 +115,8 @@ template <class LOAD, int PACK>
 __host__ __device__ constexpr int stage_packs(bool room, int packs) {
   return LOAD::kStaged && room && sizeof(Pack<typename LOAD::raw_t, PACK>) == 16 ? packs : 1;
 }
-template <int N, int PACK, class OP, bool PAD = true, int STAGE = 1, class LOAD, class AT, class DST>
+template <int N, int PACK, class OP, bool PAD = true, int STAGE = 1, class LOAD, class AT,
+          class DST>
 __device__ __forceinline__ int load_packs(const LOAD& load, const AT& at, const DST& dst) {
   Pack<typename LOAD::raw_t, PACK> raw[N] = {};
   fetch_packs<N, PACK, STAGE>(load, at, [&](int u, const auto& p) { raw[u] = p; });
@@ -233,12 +234,13 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
           true, COLS * sizeof(typename LOAD::raw_t) >= 128 ? 2 : CUNORM_STAGE_PACKS);
       if constexpr (STAGE > 1 && NPACK < STAGE) {
         // rows of fewer packs than STAGE: the group's rows together (pack u of row u / NPACK;
-        // float32 32 columns, two rows a group, 2061 -> 2122 GB/s)
+        // float32 32 columns, two rows a group, 1996 -> 2117 GB/s)
         fetch_packs<ROWS * NPACK, PACK, STAGE>(
             load,
             [&](int u) {
+              const i64 row = row0 + u / NPACK;
               const unsigned col = pack_col(u % NPACK);
-              return PackAt<unsigned>{row0 + u / NPACK, col, row0 + u / NPACK < rows && col < ncols};
+              return PackAt<unsigned>{row, col, row < rows && col < ncols};
             },
             [&](int u, const RawPack& v) { raw[u / NPACK][u % NPACK] = to_words(v); });
       } else if constexpr (STAGE > 1) {
@@ -464,9 +466,9 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     return block_all_reduce<SumOp<A>>(s2, scratch2);
   };
   for (ROW row = blockIdx.x; row < static_cast<ROW>(rows); row += gridDim.x) {
-    // (16-bit rows in full packs have 32 registers: rows.cuh CUNORM_BLOCK_BOUNDS, norm.cu)
-    constexpr int STAGE =
-        stage_packs<LOAD, PACK>(sizeof(typename LOAD::raw_t) >= 4 && NPACK <= 2, CUNORM_BLOCK_STAGE_PACKS);
+    // (the 16-bit kernels of rows in full packs have 32 registers: CUNORM_BLOCK_BOUNDS)
+    constexpr bool kRoom = sizeof(typename LOAD::raw_t) >= 4 && NPACK <= 2;
+    constexpr int STAGE = stage_packs<LOAD, PACK>(kRoom, CUNORM_BLOCK_STAGE_PACKS);
     load_packs<NPACK, PACK, OP, !OP::kZeroPad, STAGE>(load, [&](int p) {
       const unsigned col = pack_col(p);
       return PackAt<unsigned>{row, col, col < ncols};
