@@ -63,7 +63,7 @@ WARP_MAX_VALUES_PER_THREAD = {4: 48, 8: 32}
 WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 # Lane groups of the warp path, for rows of at least WARP_GROUP_MIN_PACKS full (16-byte) packs:
 # the narrowest group (1 to 32 lanes) whose lanes hold at most WARP_GROUP_PACKS packs, by
-# kernel family (the residual norms keep 32-lane groups; :func:`narrow_groups`). A group of G
+# kernel family (the residual norms narrow only short rows; :func:`narrow_groups`). A group of G
 # lanes holds a row, so a warp runs 32 / G rows in the same instructions and pays a row's fixed
 # work (indices, shuffles, finish) once for all of them. ncu, H200, layer_norm float16
 # (49152, 256): 13.5M instructions on 32-lane groups against 4.2M for torch.compile's kernel
@@ -85,6 +85,15 @@ WARP_PACKS_PER_THREAD = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32,
 # (float16 1530 -> 1446), and lost a further 3% as a pack a lane and one row a group.
 WARP_GROUP_PACKS = {"norm": 2, "softmax": 2}
 WARP_GROUP_MIN_PACKS = {"norm": 4, "softmax": 4}
+# The residual norms narrow only rows of at most this many packs. Their 1-5% loss above was
+# measured while each pack's loads waited for the previous pack's store of h; with the loads
+# staged (rows.cuh fetch_packs) short rows gain. H100, 49152 rows, weight and bias, GB/s, 32-lane
+# groups -> narrowed, two rounds alike (benchmarks/results/
+# nvidia-h200-2026-11-26-staged-loads-profile.txt section 6): layer_norm_residual float16 32
+# 1214 -> 1233, bfloat16 32 1188 -> 1229, float32 32 1767 -> 1816; rms_norm_residual float16
+# 32 1188 -> 1240, bfloat16 32 1188 -> 1244, float32 32 1779 -> 1842; rows of 16 packs lost
+# 0.4-1.3% (16-bit 128 columns, float32 64).
+RESIDUAL_NARROW_MAX_PACKS = 8
 #: (pack, packs a row) that keep the tiny-row groups rather than narrowed ones, by family
 WARP_GROUP_KEEP_TINY = {"softmax": ((8, 8),)}
 # Narrowed norm rows of exactly this many packs (16-bit 64 columns, float32 32) take a lane a
@@ -463,10 +472,23 @@ def value_cap(family: str, path: str, cbytes: int, pack: int) -> int:
     return BLOCK_MAX_VALUES[cbytes]
 
 
-def narrow_groups(src: str, dst: str, pack: int, residual: bool = False) -> bool:
-    """Whether the warp path may narrow its lane groups (WARP_GROUP_PACKS): rows in full
-    16-byte packs (where it was measured), except the residual norms (which lost 1-5%)."""
-    return not residual and full_packs(src, dst, pack)
+def narrow_groups(src: str, dst: str, pack: int, cols: int, residual: bool = False) -> bool:
+    """Whether the warp path may narrow the lane groups of ``cols``-column rows
+    (WARP_GROUP_PACKS): rows in full 16-byte packs (where it was measured); with a residual,
+    only rows of at most RESIDUAL_NARROW_MAX_PACKS packs.
+
+    Examples
+    --------
+    >>> narrow_groups("float16", "float16", 8, 32, residual=True)  # 4 packs
+    True
+    >>> narrow_groups("float16", "float16", 8, 128, residual=True)  # 16 packs
+    False
+    >>> narrow_groups("float16", "float16", 8, 128)
+    True
+    """
+    if not full_packs(src, dst, pack):
+        return False
+    return not residual or _cdiv(cols, pack) <= RESIDUAL_NARROW_MAX_PACKS
 
 
 def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
@@ -613,7 +635,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         path = _choose_row_path(op, family, src, dst, rows, cols, pack, cbytes, props,
                                 residual)
     if path == "warp":
-        cfg = warp_config(cols, pack, cbytes, family, narrow_groups(src, dst, pack, residual))
+        cfg = warp_config(cols, pack, cbytes, family,
+                          narrow_groups(src, dst, pack, cols, residual))
         if cfg is None:
             raise ValueError(f"path 'warp' cannot hold cols={cols} in registers")
         per_thread, group, rows_per_group = cfg
@@ -717,7 +740,7 @@ def auto_block_config(op: str, src: str, dst: str, cols: int, pack: int, arch: i
 def _choose_row_path(op: str, family: str, src: str, dst: str, rows: int, cols: int,
                      pack: int, cbytes: int, props: DeviceProps, residual: bool = False) -> str:
     isz = ITEMSIZE[src]
-    narrow = narrow_groups(src, dst, pack, residual)
+    narrow = narrow_groups(src, dst, pack, cols, residual)
     if cols <= WARP_MAX_COLS[isz] and warp_config(cols, pack, cbytes, family,
                                                   narrow) is not None:
         return "warp"
@@ -903,7 +926,7 @@ def all_kernel_names(arch: int) -> list[str]:
         for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16):
             for cols in range(pack, 64 * pack * 32 + 1, pack):
                 cfg = warp_config(cols, pack, cbytes, family,
-                                  narrow_groups(src, dst, pack, residual))
+                                  narrow_groups(src, dst, pack, cols, residual))
                 if cfg is not None:
                     names.add(f"cunorm::{family}_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
                               f"{cfg[2]}>")

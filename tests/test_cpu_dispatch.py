@@ -162,7 +162,7 @@ def test_warp_tiny_rows_every_group_width(src: str, dst: str) -> None:
         for cols in range(1, 257):
             plan = rows_plan(cols, src, dst, align=align)
             pack, per_thread, group, rpg = warp_args(plan)
-            narrowed = d.narrow_groups(src, dst, pack) and (
+            narrowed = d.narrow_groups(src, dst, pack, cols) and (
                 cols >= d.WARP_GROUP_MIN_PACKS["softmax"] * pack) and (
                 (pack, -(-cols // pack)) not in d.WARP_GROUP_KEEP_TINY["softmax"])
             if cols > 32 * pack or narrowed:
@@ -189,8 +189,9 @@ def test_warp_groups_narrow(op: str, src: str) -> None:
     lanes hold at most WARP_GROUP_PACKS packs (one row a group), except the norms' rows of
     WARP_SPREAD_PACKS packs in float compute, which take a lane a pack and WARP_SPREAD_VALUES
     values a lane in rows, and the WARP_GROUP_KEEP_TINY rows, which keep a pack a lane and two
-    rows a group; from 32 x WARP_GROUP_PACKS packs on, 32 lanes as before. Scalar packs and
-    the residual norms never narrow."""
+    rows a group; from 32 x WARP_GROUP_PACKS packs on, 32 lanes as before. Scalar packs
+    never narrow; the residual norms' rows longer than RESIDUAL_NARROW_MAX_PACKS packs neither
+    (:func:`test_residual_norms_narrow_short_rows_only`)."""
     family = "softmax" if op in d.SOFTMAX_OPS else "norm"
     most, least = d.WARP_GROUP_PACKS[family], d.WARP_GROUP_MIN_PACKS[family]
     full = 16 // ITEMSIZE[src]
@@ -220,6 +221,28 @@ def test_warp_groups_narrow(op: str, src: str) -> None:
         if pack == full and not res and cols >= least * pack:
             continue
         assert _warp_row_config(op, src, cols, align, res) == cfg, (cols, align, res)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
+def test_residual_norms_narrow_short_rows_only(op: str, src: str) -> None:
+    """With a residual, rows of full packs up to RESIDUAL_NARROW_MAX_PACKS packs take the
+    plain norm's narrowed groups; longer rows, and any row with the limit at 0, take the
+    groups the dispatcher gives a row that may not narrow."""
+    full = 16 // ITEMSIZE[src]
+    limit = d.RESIDUAL_NARROW_MAX_PACKS
+    narrowed_any = False
+    for npacks in range(1, 33):
+        cols = npacks * full
+        with_residual = _warp_row_config(op, src, cols, residual=True)
+        plain = _warp_row_config(op, src, cols)
+        with d.override_constants({"WARP_GROUP_PACKS": {}}):
+            unnarrowed = _warp_row_config(op, src, cols)
+        with d.override_constants({"RESIDUAL_NARROW_MAX_PACKS": 0}):
+            assert _warp_row_config(op, src, cols, residual=True) == unnarrowed, npacks
+        assert with_residual == (plain if npacks <= limit else unnarrowed), npacks
+        narrowed_any |= plain != unnarrowed and npacks <= limit
+    assert narrowed_any  # the rule changes some row of every dtype
 
 
 @pytest.mark.parametrize(

@@ -365,6 +365,17 @@ SOFTMAX_NARROW_CASES = [(op, dt, cols) for op in ("softmax", "log_softmax")
                         for dt in ("float16", "bfloat16", "float32") for cols in (32, 64, 128)]
 
 
+# The residual norms' rows on 32-lane groups (the rule before session 42), narrowed up to
+# RESIDUAL_NARROW_MAX_PACKS packs (shipped) and narrowed at every length (residual-narrow).
+RESIDUAL_NARROW_VARIANTS = [("32 lanes", {"RESIDUAL_NARROW_MAX_PACKS": 0}), ("shipped", {}),
+                            ("all narrowed", {"RESIDUAL_NARROW_MAX_PACKS": 1 << 20})]
+RESIDUAL_NARROW_CASES = [(op, dt, c) for op in ("layer_norm_residual", "rms_norm_residual")
+                         for dt in ("float16", "bfloat16") for c in (32, 48, 64, 128, 256)]
+RESIDUAL_NARROW_CASES += [(op, "float32", c) for op in ("layer_norm_residual",
+                                                        "rms_norm_residual")
+                          for c in (16, 24, 32, 64, 128)]
+
+
 # Lanes holding 4 packs of a row (32 16-bit values) against 2 (WARP_GROUP_PACKS): the
 # Inductor kernels hold 32 values a lane on 256-1024-column rows (4 rows a warp at 256), so
 # twice the bytes in flight a warp (warp-packs).
@@ -409,7 +420,7 @@ def warp_groups(variants=WARP_GROUP_VARIANTS, rows: int = 49152, rounds: int = 2
                 out = out[0] if isinstance(out, tuple) else out
                 pack = 16 // out.dtype.itemsize
                 cfg = _dispatch.warp_config(cols, pack, 4, family, _dispatch.narrow_groups(
-                    dt, dt, pack, op.endswith("residual")))
+                    dt, dt, pack, cols, op.endswith("residual")))
             got = cupy.asnumpy(out.astype(cupy.float32))
             if ref is None:
                 ref = got
