@@ -92,7 +92,10 @@ WARP_GROUP_MIN_PACKS = {"norm": 4, "softmax": 4}
 # nvidia-h200-2026-11-26-staged-loads-profile.txt section 6): layer_norm_residual float16 32
 # 1214 -> 1233, bfloat16 32 1188 -> 1229, float32 32 1767 -> 1816; rms_norm_residual float16
 # 32 1188 -> 1240, bfloat16 32 1188 -> 1244, float32 32 1779 -> 1842; rows of 16 packs lost
-# 0.4-1.3% (16-bit 128 columns, float32 64).
+# 0.4-1.3% (16-bit 128 columns, float32 64). H200, the same way (tools/gpu_profile.py
+# residual-narrow, nvidia-h200-2026-11-26-residual-narrow-profile.txt): float16 48 1600 -> 1780,
+# float32 32 2137 -> 2228 (layer_norm), 2125 -> 2247 (rms_norm); rows of 16-32 packs
+# narrowed: -1.2 to +2.2%.
 RESIDUAL_NARROW_MAX_PACKS = 8
 #: (pack, packs a row) that keep the tiny-row groups rather than narrowed ones, by family
 WARP_GROUP_KEEP_TINY = {"softmax": ((8, 8),)}
