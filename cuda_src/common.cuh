@@ -279,6 +279,46 @@ __device__ __forceinline__ Pack<T, N> load_pack_line(const T* p) {
     return load_pack<T, N>(p);
   }
 }
+// A row's input pack loaded with the L2 told to evict it last (createpolicy evict_last), as
+// Inductor's reduction kernels load a row they read twice: the LOAD functors of the
+// block-wide paths (DirectLoad<..., true>). Those rows read x once, yet the policy moves them
+// closer to the DRAM's peak. H200, every bench cell, one process, the benchmark's timer,
+// plain -> kept, last of two rounds, outputs bit-identical (tools/gpu_profile.py l2-keep and
+// the .exp sweeps of benchmarks/results/nvidia-h200-2026-11-26-l2-policy-profile.txt), GB/s:
+// rms_norm float32 4096 4131 -> 4268, 16384 4177 -> 4333, float16 12288 4113 -> 4263;
+// softmax float32 8192 4164 -> 4330; layer_norm float32 4096 4153 -> 4291, float16 32768
+// 3771 -> 3854. Of 210 block-wide cells, 106 gained 2-4.5% and 75 0.5-2%; six lost 0.6-1.8%
+// (rms_norm 16-bit 32768 columns -1%, its residual form at 16-bit 262144 -1.8%). The same
+// gains without the flush and after a read-only flush. The warp path keeps plain loads (up to
+// 8% slower with the policy: layer_norm float16 256 columns 2951 -> 2712 GB/s); evict_first
+// lost 2-6% and a store policy, either way, nothing. CUNORM_X_L2_KEEP=0 builds every load
+// plain (measurement).
+#ifndef CUNORM_X_L2_KEEP
+#define CUNORM_X_L2_KEEP 1
+#endif
+__device__ __forceinline__ unsigned long long l2_evict_last_policy() {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack_kept(const T* p) {
+  if constexpr (sizeof(Pack<T, N>) == 16) {
+    Pack<T, N> v;
+    unsigned* w = reinterpret_cast<unsigned*>(&v);
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_evict_last_policy()));
+    return v;
+  } else {
+    return load_pack<T, N>(p);
+  }
+}
+// cp.async of a 16-byte pack under the same policy (the shared-memory and cluster rows).
+__device__ __forceinline__ void copy_async16_kept(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst),
+               "l"(gmem_src), "l"(l2_evict_last_policy()) : "memory");
+}
 template <typename T, int N>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;
@@ -320,14 +360,17 @@ __device__ __forceinline__ void pack_to_compute(const Pack<T, N>& p, C* dst) {
 // cp.async, straight into shared memory) and convert later: fetch<N> returns the raw pack,
 // address() is where it lives, convert<N> turns a raw pack into compute values (a fusion such
 // as scale or mask is another functor with this shape, doing its work in convert).
-template <typename SRC, typename C> struct DirectLoad {
+// L2_KEEP: loads under the L2 evict_last policy (load_pack_kept).
+template <typename SRC, typename C, bool L2_KEEP = false> struct DirectLoad {
+  static constexpr bool kKeep = L2_KEEP && CUNORM_X_L2_KEEP;
   typedef SRC raw_t;
   const SRC* src;
   i64 ld;
   __device__ DirectLoad(const SRC* s, i64 l) : src(s), ld(l) {}
   __device__ __forceinline__ const SRC* address(i64 row, i64 col) const { return src + row * ld + col; }
   template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
-    return load_pack<SRC, N>(address(row, col));
+    if constexpr (kKeep) return load_pack_kept<SRC, N>(address(row, col));
+    else return load_pack<SRC, N>(address(row, col));
   }
   // Whether fetch comes in two steps (ResidualLoad, below): a plain load writes nothing, so
   // the compiler may already issue a thread's loads together.
@@ -400,19 +443,24 @@ template <int N> __device__ __forceinline__ void copy_async_wait_dyn(int pending
   }
 }
 
-template <typename SRC, typename C>
+template <typename SRC, typename C, bool L2_KEEP>
 template <int N>
-__device__ __forceinline__ void DirectLoad<SRC, C>::fill(Pack<SRC, N>* dst, i64 row, i64 col) const {
-  copy_async<sizeof(Pack<SRC, N>)>(dst, address(row, col));
+__device__ __forceinline__ void DirectLoad<SRC, C, L2_KEEP>::fill(Pack<SRC, N>* dst, i64 row,
+                                                                 i64 col) const {
+  if constexpr (kKeep && sizeof(Pack<SRC, N>) == 16) {
+    copy_async16_kept(dst, address(row, col));
+  } else {
+    copy_async<sizeof(Pack<SRC, N>)>(dst, address(row, col));
+  }
 }
 
 // Residual LOAD functor (pre-norm transformer block): h = x + r, rounded to the storage type
 // as a framework adding the two tensors would, is written to `h` as it is read, and the kernel
 // normalizes h. Every element of x and r is read once and h written once on the paths that
 // hold the row; the uncached paths read h back for their second pass (second()).
-template <typename SRC, typename C> struct ResidualLoad {
+template <typename SRC, typename C, bool L2_KEEP = false> struct ResidualLoad {
   typedef SRC raw_t;
-  DirectLoad<SRC, C> x, r;
+  DirectLoad<SRC, C, L2_KEEP> x, r;
   SRC* h;
   i64 ldh;
   __device__ ResidualLoad(const SRC* x_, i64 ldx, const SRC* r_, i64 ldr, SRC* h_, i64 ldh_)
@@ -450,7 +498,9 @@ template <typename SRC, typename C> struct ResidualLoad {
   template <int N> __device__ __forceinline__ void fill(Pack<SRC, N>* dst, i64 row, i64 col) const {
     *dst = fetch<N>(row, col);
   }
-  __device__ __forceinline__ DirectLoad<SRC, C> second() const { return DirectLoad<SRC, C>(h, ldh); }
+  __device__ __forceinline__ DirectLoad<SRC, C, L2_KEEP> second() const {
+    return DirectLoad<SRC, C, L2_KEEP>(h, ldh);
+  }
 };
 
 // Two floats to a 16-bit pair in one instruction (cvt.rn.{f16,bf16}x2.f32, sm_80+), as the

@@ -132,7 +132,9 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
       typename ComputeOf<SRC>::type *mean_out, typename ComputeOf<SRC>::type *rstd_out,    \
       double eps
 
-#define CUNORM_NORM_ROWS(BODY)                                                              \
+// KEEP: x (and r) loads under the L2 evict_last policy (common.cuh load_pack_kept; not the
+// warp path).
+#define CUNORM_NORM_ROWS(BODY, KEEP)                                                        \
   typedef typename ComputeOf<SRC>::type C;                                                  \
   NormOp<C, SRC, RMS, RESIDUAL> op;                                                         \
   op.eps = eps;                                                                             \
@@ -140,9 +142,9 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   op.rstd_out = rstd_out;                                                                   \
   const AffineStore<C, SRC> store(y, ldy, weight, bias);                                    \
   if constexpr (RESIDUAL) {                                                                 \
-    BODY(op, ResidualLoad<SRC, C>(x, ldx, res, ldr, h, ldh), store, rows, cols);            \
+    BODY(op, ResidualLoad<SRC, C, KEEP>(x, ldx, res, ldr, h, ldh), store, rows, cols);      \
   } else {                                                                                  \
-    BODY(op, DirectLoad<SRC, C>(x, ldx), store, rows, cols);                                \
+    BODY(op, DirectLoad<SRC, C, KEEP>(x, ldx), store, rows, cols);                          \
   }
 
 // 16-bit and float32 rows in full 16-byte packs of at most 32 values a lane get the registers
@@ -157,7 +159,7 @@ __host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS>
 __global__ void __launch_bounds__(128, norm_warp_blocks(sizeof(SRC), PACK, COLS))
     norm_warp(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>));
+  CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>), false);
 }
 
 // Resident 512-thread blocks the block kernels are compiled for, rows in full packs of at most
@@ -183,7 +185,7 @@ template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
 __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(sizeof(SRC)),
                                     sizeof(SRC) == 4 && !RMS ? 4 : norm_block_full(sizeof(SRC)))
     norm_block(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>>));
+  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>>), true);
 }
 
 // The parameter lines the shared-memory and cluster rows ask L1 for (rows.cuh Prefetch):
@@ -203,12 +205,12 @@ __host__ __device__ constexpr Prefetch norm_prefetch(int itemsize, bool rms, boo
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK>
 __global__ void __launch_bounds__(512, 1) norm_smem(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_smem<PACK, 1, norm_prefetch(sizeof(SRC), RMS, RESIDUAL)>));
+  CUNORM_NORM_ROWS((rows_smem<PACK, 1, norm_prefetch(sizeof(SRC), RMS, RESIDUAL)>), true);
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK>
 __global__ void __launch_bounds__(512, CUNORM_UNCACHED_BLOCKS) norm_uncached(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_uncached<PACK, 1>));
+  CUNORM_NORM_ROWS((rows_uncached<PACK, 1>), true);
 }
 
 #ifdef CUNORM_SM90
@@ -250,13 +252,13 @@ template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1)
     __launch_bounds__(512, norm_cluster_blocks(sizeof(SRC), PACK * sizeof(SRC), RMS, RESIDUAL))
     norm_smem_cluster(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER, norm_prefetch(sizeof(SRC), RMS, RESIDUAL)>));
+  CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER, norm_prefetch(sizeof(SRC), RMS, RESIDUAL)>), true);
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
     norm_uncached_cluster(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_uncached<PACK, CLUSTER>));
+  CUNORM_NORM_ROWS((rows_uncached<PACK, CLUSTER>), true);
 }
 #endif
 

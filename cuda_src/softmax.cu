@@ -299,14 +299,16 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 // ---------------------------------------------------------------------------------------
 // Entry points: plain pointers and strides in; policy and functors built here. C is the wider
 // of the input's and the output's compute types.
-#define CUNORM_SOFTMAX_ROWS(BODY)                                                              \
+// KEEP: x loads under the L2 evict_last policy (common.cuh load_pack_kept; not the warp path).
+#define CUNORM_SOFTMAX_ROWS(BODY, KEEP)                                                        \
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C; \
-  BODY(SoftmaxOp<C, DST, LOG>(), DirectLoad<SRC, C>(x, ldx), DirectStore<C, DST>(y, ldy), rows, cols)
+  BODY(SoftmaxOp<C, DST, LOG>(), DirectLoad<SRC, C, KEEP>(x, ldx), DirectStore<C, DST>(y, ldy),  \
+       rows, cols)
 
 template <typename SRC, typename DST, bool LOG, int PACK, int COLS, int GROUP, int ROWS>
 __global__ void __launch_bounds__(128, 4) softmax_warp(const SRC* x, DST* y, i64 rows, i64 cols,
                                                     i64 ldx, i64 ldy) {
-  CUNORM_SOFTMAX_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>));
+  CUNORM_SOFTMAX_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>), false);
 }
 
 // Rows in full packs of at most 16 values a thread (rows.cuh CUNORM_BLOCK_BOUNDS): 32
@@ -322,32 +324,33 @@ __global__ void CUNORM_BLOCK_BOUNDS(
     softmax_block(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
   CUNORM_SOFTMAX_ROWS(
       (rows_block<PACK, COLS,
-                  BlockRow<PACK * (sizeof(SRC) > sizeof(DST) ? sizeof(SRC) : sizeof(DST)), COLS>>));
+                  BlockRow<PACK * (sizeof(SRC) > sizeof(DST) ? sizeof(SRC) : sizeof(DST)), COLS>>),
+      true);
 }
 
 template <typename SRC, typename DST, bool LOG, int PACK>
 __global__ void __launch_bounds__(512, 1) softmax_smem(const SRC* x, DST* y, i64 rows, i64 cols,
                                                      i64 ldx, i64 ldy) {
-  CUNORM_SOFTMAX_ROWS((rows_smem<PACK, 1>));
+  CUNORM_SOFTMAX_ROWS((rows_smem<PACK, 1>), true);
 }
 
 template <typename SRC, typename DST, bool LOG, int PACK>
 __global__ void __launch_bounds__(512, CUNORM_UNCACHED_BLOCKS)
     softmax_uncached(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
-  CUNORM_SOFTMAX_ROWS((rows_uncached<PACK, 1>));
+  CUNORM_SOFTMAX_ROWS((rows_uncached<PACK, 1>), true);
 }
 
 #ifdef CUNORM_SM90
 template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
     softmax_smem_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
-  CUNORM_SOFTMAX_ROWS((rows_smem<PACK, CLUSTER>));
+  CUNORM_SOFTMAX_ROWS((rows_smem<PACK, CLUSTER>), true);
 }
 
 template <typename SRC, typename DST, bool LOG, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(512, 1)
     softmax_uncached_cluster(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
-  CUNORM_SOFTMAX_ROWS((rows_uncached<PACK, CLUSTER>));
+  CUNORM_SOFTMAX_ROWS((rows_uncached<PACK, CLUSTER>), true);
 }
 #endif
 

@@ -376,6 +376,17 @@ RESIDUAL_NARROW_CASES += [(op, "float32", c) for op in ("layer_norm_residual",
                           for c in (16, 24, 32, 64, 128)]
 
 
+# Norm rows of WARP_SPREAD_PACKS packs (16-bit 64 columns, float32 32), where torch.compile
+# leads most, on more rows a group (WARP_SPREAD_VALUES 32), on narrowed groups (no spread) and
+# on 128-thread blocks; float16 32 columns for the block size (spread-rows).
+SPREAD_VARIANTS = [("shipped", {}), ("spread 32", {"WARP_SPREAD_VALUES": 32}),
+                   ("narrowed", {"WARP_SPREAD_PACKS": {}}), ("block 128", {"WARP_BLOCK": 128})]
+SPREAD_CASES = [(op, dt, c) for op in ("layer_norm", "rms_norm", "layer_norm_residual",
+                                       "rms_norm_residual")
+                for dt, c in (("float16", 64), ("bfloat16", 64), ("float32", 32),
+                              ("float16", 32))]
+
+
 # Lanes holding 4 packs of a row (32 16-bit values) against 2 (WARP_GROUP_PACKS): the
 # Inductor kernels hold 32 values a lane on 256-1024-column rows (4 rows a warp at 256), so
 # twice the bytes in flight a warp (warp-packs).

@@ -254,3 +254,49 @@ def peer_kernels() -> None:
     for fn in calls:
         fn()
         torch.cuda.synchronize()
+
+
+def l2_keep(ops: tuple[str, ...] = ("softmax", "log_softmax", "layer_norm", "rms_norm",
+                                    "layer_norm_residual", "rms_norm_residual"),
+            rounds: int = 2) -> None:
+    """Every cell of the benchmark sweep (cunorm.bench: dtypes x STANDARD_COLS, its rows and
+    timer), built with the row paths' x loads plain (CUNORM_X_L2_KEEP=0) and as shipped
+    (common.cuh load_pack_kept), ``rounds`` interleaved rounds in one process; the outputs of
+    the two builds compared bit for bit. Only the first round of a cell pays its first timing."""
+    from profile_common import _build_with
+
+    from cunorm.bench.cases import make_case
+    from cunorm.bench.ops import OPS
+    from cunorm.bench.sweep import DEFAULT_DTYPES, STANDARD_COLS, rows_for
+    from cunorm.bench.timing import CupyEventTimer, gbps
+
+    builds = [("plain", ("-DCUNORM_X_L2_KEEP=0",)), ("kept", ())]
+    timer = CupyEventTimer(pad_us=100)
+    print(f"{'op':20s} {'dtype':8s} {'cols':>7s} {'rows':>6s}  {'plain GB/s':>11s}  "
+          f"{'kept GB/s':>11s}  kept/plain (last round)  same output", flush=True)
+    for op in ops:
+        fn = OPS[op].resolve()[0]
+        for dt in DEFAULT_DTYPES:
+            for cols in STANDARD_COLS:
+                rows = rows_for(cols)
+                case = make_case(OPS[op], (rows, cols), dt)
+                rates: dict[str, list[float]] = {name: [] for name, _ in builds}
+                outs = {}
+                for rnd in range(rounds):
+                    for name, options in builds:
+                        _build_with(options)
+                        if rnd == 0:
+                            out = case.cunorm(fn)
+                            outs[name] = [o.copy() for o in (out if isinstance(out, tuple)
+                                                             else (out,))]
+                        rates[name].append(gbps(case.nbytes, timer(
+                            functools.partial(case.cunorm, fn))))
+                same = all(bool(cupy.array_equal(a, b, equal_nan=True))
+                           for a, b in zip(outs["plain"], outs["kept"], strict=True))
+                line = "  ".join(f"{'/'.join(f'{r:.0f}' for r in rates[n]):>11s}"
+                                 for n, _ in builds)
+                print(f"{op:20s} {dt:8s} {cols:7d} {rows:6d}  {line}  "
+                      f"{rates['kept'][-1] / rates['plain'][-1]:.3f}  {same}", flush=True)
+                del case, outs
+                cupy.get_default_memory_pool().free_all_blocks()
+    _build_with(())
