@@ -316,6 +316,13 @@ __global__ void __launch_bounds__(128, 4) softmax_warp(const SRC* x, DST* y, i64
 // double. At most 8 values a thread: 32 registers for every pair but double; H200, 49152 rows,
 // one process (tools/gpu_profile.py short-block-sources), float32 softmax 1000 cols 3878 ->
 // 4051 GB/s, 1024 3955 -> 4071, log_softmax 3895 -> 4047, 3973 -> 4070.
+// The one block kernel that loads x plainly (KEEP false): float32 softmax rows of 17-32
+// values a thread (64 registers, 2 resident blocks), where the L2 policy's register pair
+// spilled 16 bytes (nvcc 13, sm_90; its log_softmax twin does not).
+__host__ __device__ constexpr bool softmax_block_keeps_l2(int src_bytes, int dst_bytes, bool log,
+                                                          int pack_bytes, int cols) {
+  return !(src_bytes == 4 && dst_bytes == 4 && !log && block_row_mid(pack_bytes, cols));
+}
 template <typename SRC, typename DST, bool LOG, int PACK, int COLS>
 __global__ void CUNORM_BLOCK_BOUNDS(
     PACK * (sizeof(SRC) > sizeof(DST) ? sizeof(SRC) : sizeof(DST)), COLS,
@@ -325,7 +332,7 @@ __global__ void CUNORM_BLOCK_BOUNDS(
   CUNORM_SOFTMAX_ROWS(
       (rows_block<PACK, COLS,
                   BlockRow<PACK * (sizeof(SRC) > sizeof(DST) ? sizeof(SRC) : sizeof(DST)), COLS>>),
-      true);
+      (softmax_block_keeps_l2(sizeof(SRC), sizeof(DST), LOG, PACK * sizeof(SRC), COLS)));
 }
 
 template <typename SRC, typename DST, bool LOG, int PACK>
