@@ -281,7 +281,8 @@ __device__ __forceinline__ Pack<T, N> load_pack_line(const T* p) {
 }
 // A row's input pack loaded with the L2 told to evict it last (createpolicy evict_last), as
 // Inductor's reduction kernels load a row they read twice: the LOAD functors of the
-// block-wide paths (DirectLoad<..., true>). Those rows read x once, yet the policy moves them
+// block-wide paths (DirectLoad<..., true>; softmax.cu softmax_block_keeps_l2 names the one
+// block kernel left plain). Those rows read x once, yet the policy moves them
 // closer to the DRAM's peak. H200, every bench cell, one process, the benchmark's timer,
 // plain -> kept, last of two rounds, outputs bit-identical (tools/gpu_profile.py l2-keep and
 // the .exp sweeps of benchmarks/results/nvidia-h200-2026-11-26-l2-policy-profile.txt), GB/s:
