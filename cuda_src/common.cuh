@@ -264,26 +264,14 @@ template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
-// A pack loaded with the L2 asked for its whole 128-byte line, as copy_async<16, true> asks
-// (a 16-byte pack; others load plainly): the strided path's rows held in registers, whose
-// line neighbours another tile's cluster reads.
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load_pack_line(const T* p) {
-  if constexpr (sizeof(Pack<T, N>) == 16) {
-    Pack<T, N> v;
-    unsigned* w = reinterpret_cast<unsigned*>(&v);
-    asm volatile("ld.global.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
-    return v;
-  } else {
-    return load_pack<T, N>(p);
-  }
-}
-// A row's input pack loaded with the L2 told to evict it last (createpolicy evict_last), as
-// Inductor's reduction kernels load a row they read twice: the LOAD functors of the
-// block-wide paths (DirectLoad<..., true>; softmax.cu softmax_block_keeps_l2 names the one
-// block kernel left plain). Those rows read x once, yet the policy moves them
-// closer to the DRAM's peak. H200, every bench cell, one process, the benchmark's timer,
+// A 16-byte pack loaded with an L2 hint (other packs load plainly).
+// kLine: the L2 asked for the whole 128-byte line on a miss, as copy_async<16, true> asks: the
+// strided path's rows held in registers, whose line neighbours another tile's cluster reads.
+// kEvictLast: the L2 told to evict the line last (createpolicy evict_last), as Inductor's
+// reduction kernels load a row they read twice: the LOAD functors of the block-wide paths
+// (DirectLoad<..., true>; softmax.cu softmax_block_keeps_l2 names the one block kernel left
+// plain). Those rows read x once, yet the policy moves them closer to the DRAM's peak. H200,
+// every bench cell, one process, the benchmark's timer,
 // plain -> kept, last of two rounds, outputs bit-identical (tools/gpu_profile.py l2-keep and
 // the .exp sweeps of benchmarks/results/nvidia-h200-2026-11-26-l2-policy-profile.txt), GB/s:
 // rms_norm float32 4096 4131 -> 4268, 16384 4177 -> 4333, float16 12288 4113 -> 4263;
@@ -297,21 +285,27 @@ __device__ __forceinline__ Pack<T, N> load_pack_line(const T* p) {
 #ifndef CUNORM_X_L2_KEEP
 #define CUNORM_X_L2_KEEP 1
 #endif
+enum class L2Hint { kLine, kEvictLast };
 __device__ __forceinline__ unsigned long long l2_evict_last_policy() {
   unsigned long long policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load_pack_kept(const T* p) {
-  if constexpr (sizeof(Pack<T, N>) == 16) {
+template <L2Hint HINT, typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack_l2(const T* p) {
+  if constexpr (sizeof(Pack<T, N>) != 16) {
+    return load_pack<T, N>(p);
+  } else {
     Pack<T, N> v;
     unsigned* w = reinterpret_cast<unsigned*>(&v);
-    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_evict_last_policy()));
+    if constexpr (HINT == L2Hint::kLine) {
+      asm volatile("ld.global.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+          : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+    } else {
+      asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_evict_last_policy()));
+    }
     return v;
-  } else {
-    return load_pack<T, N>(p);
   }
 }
 // cp.async of a 16-byte pack under the same policy (the shared-memory and cluster rows).
@@ -361,7 +355,7 @@ __device__ __forceinline__ void pack_to_compute(const Pack<T, N>& p, C* dst) {
 // cp.async, straight into shared memory) and convert later: fetch<N> returns the raw pack,
 // address() is where it lives, convert<N> turns a raw pack into compute values (a fusion such
 // as scale or mask is another functor with this shape, doing its work in convert).
-// L2_KEEP: loads under the L2 evict_last policy (load_pack_kept).
+// L2_KEEP: loads under the L2 evict_last policy (load_pack_l2).
 template <typename SRC, typename C, bool L2_KEEP = false> struct DirectLoad {
   static constexpr bool kKeep = L2_KEEP && CUNORM_X_L2_KEEP;
   typedef SRC raw_t;
@@ -370,7 +364,7 @@ template <typename SRC, typename C, bool L2_KEEP = false> struct DirectLoad {
   __device__ DirectLoad(const SRC* s, i64 l) : src(s), ld(l) {}
   __device__ __forceinline__ const SRC* address(i64 row, i64 col) const { return src + row * ld + col; }
   template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
-    if constexpr (kKeep) return load_pack_kept<SRC, N>(address(row, col));
+    if constexpr (kKeep) return load_pack_l2<L2Hint::kEvictLast, SRC, N>(address(row, col));
     else return load_pack<SRC, N>(address(row, col));
   }
   // Whether fetch comes in two steps (ResidualLoad, below): a plain load writes nothing, so

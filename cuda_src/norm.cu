@@ -132,7 +132,7 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
       typename ComputeOf<SRC>::type *mean_out, typename ComputeOf<SRC>::type *rstd_out,    \
       double eps
 
-// KEEP: x (and r) loads under the L2 evict_last policy (common.cuh load_pack_kept; not the
+// KEEP: x (and r) loads under the L2 evict_last policy (common.cuh load_pack_l2; not the
 // warp path).
 #define CUNORM_NORM_ROWS(BODY, KEEP)                                                        \
   typedef typename ComputeOf<SRC>::type C;                                                  \

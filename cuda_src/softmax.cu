@@ -157,7 +157,8 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 #pragma unroll
       for (int r = 0; r < HELD; ++r) {
         if (r < n_all)
-          held[r] = load_pack_line<SRC, PACK>(xo + (d0 + static_cast<i64>(r) * ty_count) * ldx_dim);
+          held[r] = load_pack_l2<L2Hint::kLine, SRC, PACK>(
+              xo + (d0 + static_cast<i64>(r) * ty_count) * ldx_dim);
       }
       const i64 ds = d0 + static_cast<i64>(HELD) * ty_count;  // first row in shared memory
       const int n = n_all > HELD ? n_all - HELD : 0;
@@ -299,7 +300,7 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 // ---------------------------------------------------------------------------------------
 // Entry points: plain pointers and strides in; policy and functors built here. C is the wider
 // of the input's and the output's compute types.
-// KEEP: x loads under the L2 evict_last policy (common.cuh load_pack_kept; not the warp path).
+// KEEP: x loads under the L2 evict_last policy (common.cuh load_pack_l2; not the warp path).
 #define CUNORM_SOFTMAX_ROWS(BODY, KEEP)                                                        \
   typedef typename Wider<typename ComputeOf<SRC>::type, typename ComputeOf<DST>::type>::type C; \
   BODY(SoftmaxOp<C, DST, LOG>(), DirectLoad<SRC, C, KEEP>(x, ldx), DirectStore<C, DST>(y, ldy),  \
