@@ -264,8 +264,8 @@ template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
-// A 16-byte pack loaded with an L2 hint (other packs load plainly).
-// kLine: the L2 asked for the whole 128-byte line on a miss, as copy_async<16, true> asks: the
+// A 16-byte pack loaded with an L2 hint (other packs, and kNone, load plainly).
+// kLine: the L2 asked for the whole 128-byte line on a miss (as copy_async takes it): the
 // strided path's rows held in registers, whose line neighbours another tile's cluster reads.
 // kEvictLast: the L2 told to evict the line last (createpolicy evict_last), as Inductor's
 // reduction kernels load a row they read twice: the LOAD functors of the block-wide paths
@@ -285,7 +285,7 @@ __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
 #ifndef CUNORM_X_L2_KEEP
 #define CUNORM_X_L2_KEEP 1
 #endif
-enum class L2Hint { kLine, kEvictLast };
+enum class L2Hint { kNone, kLine, kEvictLast };
 __device__ __forceinline__ unsigned long long l2_evict_last_policy() {
   unsigned long long policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -293,7 +293,7 @@ __device__ __forceinline__ unsigned long long l2_evict_last_policy() {
 }
 template <L2Hint HINT, typename T, int N>
 __device__ __forceinline__ Pack<T, N> load_pack_l2(const T* p) {
-  if constexpr (sizeof(Pack<T, N>) != 16) {
+  if constexpr (sizeof(Pack<T, N>) != 16 || HINT == L2Hint::kNone) {
     return load_pack<T, N>(p);
   } else {
     Pack<T, N> v;
@@ -307,12 +307,6 @@ __device__ __forceinline__ Pack<T, N> load_pack_l2(const T* p) {
     }
     return v;
   }
-}
-// cp.async of a 16-byte pack under the same policy (the shared-memory and cluster rows).
-__device__ __forceinline__ void copy_async16_kept(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst),
-               "l"(gmem_src), "l"(l2_evict_last_policy()) : "memory");
 }
 template <typename T, int N>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
@@ -357,15 +351,14 @@ __device__ __forceinline__ void pack_to_compute(const Pack<T, N>& p, C* dst) {
 // as scale or mask is another functor with this shape, doing its work in convert).
 // L2_KEEP: loads under the L2 evict_last policy (load_pack_l2).
 template <typename SRC, typename C, bool L2_KEEP = false> struct DirectLoad {
-  static constexpr bool kKeep = L2_KEEP && CUNORM_X_L2_KEEP;
+  static constexpr L2Hint kHint = L2_KEEP && CUNORM_X_L2_KEEP ? L2Hint::kEvictLast : L2Hint::kNone;
   typedef SRC raw_t;
   const SRC* src;
   i64 ld;
   __device__ DirectLoad(const SRC* s, i64 l) : src(s), ld(l) {}
   __device__ __forceinline__ const SRC* address(i64 row, i64 col) const { return src + row * ld + col; }
   template <int N> __device__ __forceinline__ Pack<SRC, N> fetch(i64 row, i64 col) const {
-    if constexpr (kKeep) return load_pack_l2<L2Hint::kEvictLast, SRC, N>(address(row, col));
-    else return load_pack<SRC, N>(address(row, col));
+    return load_pack_l2<kHint, SRC, N>(address(row, col));
   }
   // Whether fetch comes in two steps (ResidualLoad, below): a plain load writes nothing, so
   // the compiler may already issue a thread's loads together.
@@ -392,15 +385,18 @@ template <typename SRC, typename C, bool L2_KEEP = false> struct DirectLoad {
 
 // Asynchronous global -> shared copy of one pack (sm_80+ cp.async; 4, 8 or 16 bytes), and the
 // commit / wait of a group of them. A 2-byte pack is copied through a register instead.
-// L2_128B (16-byte packs): the L2 fetches the whole 128-byte line on a miss, for walks that
-// read a line's 32-byte sectors from several blocks (the strided path's narrow tiles).
-template <int BYTES, bool L2_128B = false>
+// HINT (16-byte packs), as load_pack_l2's: kLine for walks that read a line's 32-byte sectors
+// from several blocks (the strided path's narrow tiles), kEvictLast for the block-wide rows.
+template <int BYTES, L2Hint HINT = L2Hint::kNone>
 __device__ __forceinline__ void copy_async(void* smem_dst, const void* gmem_src) {
   if (BYTES >= 4) {
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    if (BYTES == 16 && L2_128B) {
+    if (BYTES == 16 && HINT == L2Hint::kLine) {
       asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src)
                    : "memory");
+    } else if (BYTES == 16 && HINT == L2Hint::kEvictLast) {
+      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst),
+                   "l"(gmem_src), "l"(l2_evict_last_policy()) : "memory");
     } else if (BYTES == 16) {
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
     } else {
@@ -442,11 +438,7 @@ template <typename SRC, typename C, bool L2_KEEP>
 template <int N>
 __device__ __forceinline__ void DirectLoad<SRC, C, L2_KEEP>::fill(Pack<SRC, N>* dst, i64 row,
                                                                  i64 col) const {
-  if constexpr (kKeep && sizeof(Pack<SRC, N>) == 16) {
-    copy_async16_kept(dst, address(row, col));
-  } else {
-    copy_async<sizeof(Pack<SRC, N>)>(dst, address(row, col));
-  }
+  copy_async<sizeof(Pack<SRC, N>), kHint>(dst, address(row, col));
 }
 
 // Residual LOAD functor (pre-norm transformer block): h = x + r, rounded to the storage type

@@ -166,7 +166,7 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
       for (int g = 0; g < CH; ++g) {
         for (int i = g * n / CH; i < (g + 1) * n / CH; ++i) {
           const i64 d = ds + static_cast<i64>(i) * ty_count;
-          copy_async<sizeof(Pack<SRC, PACK>), true>(slab + d * width, xo + d * ldx_dim);
+          copy_async<sizeof(Pack<SRC, PACK>), L2Hint::kLine>(slab + d * width, xo + d * ldx_dim);
         }
         copy_async_commit();
       }

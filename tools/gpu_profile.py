@@ -28,7 +28,7 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 or not, ``residual-narrow``: the residual norms' short rows narrowed or not,
 ``spread-rows``: norm rows of 8 packs on other groups and blocks),
 ``l2-keep`` every bench cell with the row paths' x loads plain and under the L2 evict_last
-policy (common.cuh load_pack_kept),
+policy (common.cuh load_pack_l2),
 ``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns),
 ``long-affine-cost`` on 24576 rows of 1024-32768 columns;
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a

@@ -261,7 +261,7 @@ def l2_keep(ops: tuple[str, ...] = ("softmax", "log_softmax", "layer_norm", "rms
             rounds: int = 2) -> None:
     """Every cell of the benchmark sweep (cunorm.bench: dtypes x STANDARD_COLS, its rows and
     timer), built with the row paths' x loads plain (CUNORM_X_L2_KEEP=0) and as shipped
-    (common.cuh load_pack_kept), ``rounds`` interleaved rounds in one process; the outputs of
+    (common.cuh load_pack_l2), ``rounds`` interleaved rounds in one process; the outputs of
     the two builds compared bit for bit. Only the first round of a cell pays its first timing."""
     from profile_common import _build_with
 
