@@ -369,6 +369,8 @@ template <typename SRC, typename C, bool L2_KEEP = false> struct DirectLoad {
   }
   // Start moving the raw pack at (row, col) into shared memory (cp.async: wait before use).
   template <int N> __device__ __forceinline__ void fill(Pack<SRC, N>* dst, i64 row, i64 col) const;
+  // The compute value at (row, col), read on its own and written nowhere.
+  __device__ __forceinline__ C value(i64 row, i64 col) const { return to_compute<C>(*address(row, col)); }
   // The functor for a second read of the row (the uncached paths): the same one.
   __device__ __forceinline__ const DirectLoad& second() const { return *this; }
 };
@@ -480,6 +482,10 @@ template <typename SRC, typename C, bool L2_KEEP = false> struct ResidualLoad {
   template <int N, bool WORDS = true>
   __device__ __forceinline__ void convert(const Pack<SRC, N>& p, C* dst, i64 row, i64 col) const {
     x.template convert<N, WORDS>(p, dst, row, col);
+  }
+  // x + r as h holds it (rounded to SRC), without writing h.
+  __device__ __forceinline__ C value(i64 row, i64 col) const {
+    return to_compute<C>(from_compute<SRC>(x.value(row, col) + r.value(row, col)));
   }
   // Through registers: the sum must be formed before it can be cached.
   template <int N> __device__ __forceinline__ void fill(Pack<SRC, N>* dst, i64 row, i64 col) const {

@@ -19,6 +19,17 @@ template <typename C, bool RMS> struct NormOut {
   C hi, lo, rstd, shift;
   __device__ __forceinline__ C operator()(C x) const { return RMS ? x * rstd : ((x - hi) - lo) * rstd; }
   __device__ __forceinline__ C kept(C d) const { return RMS ? d * rstd : fma(d, rstd, shift); }
+  // hi + lo carried as the float nearest their sum and the remainder (TwoSum), for rows summed
+  // about a shift (rows.cuh rows_smem, kShiftHead) whose lo is not small: x - hi is then exact
+  // near the mean, as after two passes (without it, one more rounding of x - hi: float32
+  // errors up to 40% above the two-pass ones on N(0, 1) rows).
+  __device__ __forceinline__ void fold() {
+    const C s = hi + lo;
+    const C b = s - hi;
+    lo = (hi - (s - b)) + (lo - b);
+    hi = s;
+    shift = -lo * rstd;
+  }
 };
 
 // The norm policy of the row paths (rows.cuh), in the compute type C (float for 16-bit and
@@ -36,12 +47,23 @@ template <typename C, bool RMS> struct NormOut {
 // further (redo) is summed again about the mean so found (recenter), as before. One block
 // reduction (one cluster exchange) instead of two: H200, 16-bit layer_norm with weight and
 // bias, +2-11% at 2048-262144 columns (benchmarks/results/nvidia-h200-2026-11-22-rowops-
-// profile.txt section 11). float32 and float64 rows keep both passes everywhere (their
-// results show the statistics' rounding), and so do the warp path (shuffles: no gain) and
-// the fused residual (no gain, and its 16-bit block kernels spilled under 32 registers).
+// profile.txt section 11). The warp path keeps both passes (shuffles: no gain), and so does
+// the fused residual on the block path (no gain, and its 16-bit block kernels spilled under 32
+// registers). The shared-memory and cluster rows (kOnePassSmem) sum once for the residual and
+// for float32 rows too, float32 about the mean of the row's first 128 values (kShiftHead)
+// and again about the mean where that lies more than half a standard deviation off. H200,
+// weight and bias, same process against both passes: float32 32768 / 65536 / 131072 /
+// 262144 columns +3 / +2-4 / +3-5 / +2%, the residual float32 -1% to +2%, 16-bit 65536-131072
+// +2-3%; float32 maximum errors on N(mu, 1) rows 2.7% above the two passes' on average and
+// 0.5% below torch's (benchmarks/results/nvidia-h200-2026-11-26-one-exchange-profile.txt).
+// CUNORM_NORM_SMEM_ONE_EXCHANGE=0 builds both passes there, for measurement. float64 rows
+// keep both passes everywhere.
 // The streaming paths fold a row into a double Welford/Chan (or sum-of-squares) state: their
 // per-thread runs are long, and they only serve rows past shared memory. Variance clamped at
 // 0 (NaN kept).
+#ifndef CUNORM_NORM_SMEM_ONE_EXCHANGE
+#define CUNORM_NORM_SMEM_ONE_EXCHANGE 1
+#endif
 template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   typedef C_ C;
   typedef typename Conditional<RMS, C, Sum2<C>>::type A;
@@ -51,6 +73,9 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   typedef NormOut<C, RMS> Fin;
   static constexpr bool kFirst = !RMS;
   static constexpr bool kOnePass = !RMS && !RESIDUAL && sizeof(SRC) == 2;
+  static constexpr bool kOnePassSmem =
+      kOnePass || (!RMS && sizeof(C) == 4 && CUNORM_NORM_SMEM_ONE_EXCHANGE);
+  static constexpr bool kShiftHead = kOnePassSmem && !RMS && sizeof(SRC) == 4;
   static constexpr bool kZeroPad = true;  // pad() is 0, what a zeroed raw pack converts to
   static constexpr bool kPadSafe = RMS;  // 0 adds nothing to a sum of squares; it does to
                                          // the sums of deviations
@@ -63,15 +88,42 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   __device__ __forceinline__ C middle(C s, i64 cols) const {
     return s * Math<C>::rcp(static_cast<C>(cols));
   }
-  // kOnePass: whether the sums about 0 are to be redone about their mean, mean^2 > 16 var
+  // kOnePass / kOnePassSmem: whether the sums about s1 (0, or the head mean) are to be redone
+  // about the mean they give, where it lies more than sqrt(ratio) standard deviations from s1
   // (false for a NaN row, which stays NaN; true where rounding left var below 0), and that
-  // mean.
+  // mean. The relative variance error of sums about s1 is (1 + (mean - s1)^2 / var) float
+  // roundings: 16-bit data allow 17 (far below their result's rounding), float32 1.25.
   __device__ __forceinline__ bool redo(A s2, i64 cols) const {
+    constexpr float kRatio = sizeof(SRC) == 2 ? 16.0f : 0.25f;
     const C inv_n = Math<C>::rcp(static_cast<C>(cols));  // one reciprocal for both means
     const C mean = s2.a * inv_n;
-    return mean * mean > C(16) * fma(-mean, mean, s2.b * inv_n);
+    return mean * mean > C(kRatio) * fma(-mean, mean, s2.b * inv_n);
   }
-  __device__ __forceinline__ C recenter(A s2, i64 cols) const { return middle(s2.a, cols); }
+  __device__ __forceinline__ C recenter(C s1, A s2, i64 cols) const {
+    return s1 + middle(s2.a, cols);
+  }
+  // kShiftHead: the provisional mean of a row summed once (rows.cuh rows_smem), the mean of
+  // its first min(cols, 128) values (lane i of each warp reads values i, i + 32, ...),
+  // bit-identical in every thread and every block of a cluster (the same loads; a butterfly
+  // sum adds the same pairs in every lane). For independent values it lies about
+  // std / sqrt(128) from the row's mean, so sum(d) stays small and rounds little (a 32-value
+  // head left float32 maximum errors 3.5% above the two passes'); where it lies further than
+  // redo() allows, the row is summed again about the mean it gave.
+  template <class LOAD>
+  __device__ __forceinline__ C head_mean(const LOAD& load, i64 row, i64 cols) const {
+    constexpr int kHead = 128;
+    const int lane = threadIdx.x % 32;
+    C v[kHead / 32];
+#pragma unroll
+    for (int j = 0; j < kHead / 32; ++j) {
+      v[j] = lane + 32 * j < cols ? load.value(row, lane + 32 * j) : C(0);
+    }
+    C s = v[0];
+#pragma unroll
+    for (int j = 1; j < kHead / 32; ++j) s += v[j];
+    return group_all_reduce<SumOp<C>, 32>(s) *
+           Math<C>::rcp(static_cast<C>(cols < kHead ? cols : kHead));
+  }
   __device__ __forceinline__ A second(C& v, C mean) const {
     if constexpr (RMS) {
       return v * v;
@@ -197,10 +249,13 @@ __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(si
 //     rms_norm float32 1.7% and the float32 residual form 1%.
 //   kAhead, against kSlice: float64 32768 3462 -> 3718, 131072 2795 -> 3173; float32 lost
 //     up to 3% (131072 3491 -> 3381).
-__host__ __device__ constexpr Prefetch norm_prefetch(int itemsize, bool rms, bool residual) {
-  return rms || residual || itemsize < 4 ? Prefetch::kNone
-         : itemsize == 4                 ? Prefetch::kSlice
-                                         : Prefetch::kAhead;
+//   With the rows summed in one exchange (kOnePassSmem), float32 rows on clusters of 16
+//   (262144 cols) lost 5% under kSlice and gained 2% under kAhead (one-exchange profile).
+__host__ __device__ constexpr Prefetch norm_prefetch(int itemsize, bool rms, bool residual,
+                                                     int cluster = 1) {
+  return rms || residual || itemsize < 4       ? Prefetch::kNone
+         : itemsize == 4 && cluster < 16       ? Prefetch::kSlice
+                                               : Prefetch::kAhead;
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK>
@@ -236,7 +291,9 @@ __global__ void __launch_bounds__(512, CUNORM_UNCACHED_BLOCKS) norm_uncached(CUN
 // Holding 2 or 4 packs' weight and bias ahead of the stores (StoreBatch for 16-bit rows)
 // took 61-111 registers and lost 8-35% on the same cells. float32 kernels with 8-byte packs
 // (rows aligned to 8 bytes only) batch 4 packs' parameters at the stores (rows.cuh StoreBatch)
-// and spilled at 40 registers: they keep (512, 1).
+// and spilled at 40 registers: they keep (512, 1). The float32 residual's scalar-pack kernels
+// (rows aligned to 4 bytes only) spilled 16 bytes at 40 once their rows were summed in one
+// exchange (kOnePassSmem): they take the registers of 2 blocks.
 // CUNORM_NORM_CLUSTER_BLOCKS overrides every count for measurement.
 __host__ __device__ constexpr int norm_cluster_blocks(int itemsize, int pack_bytes, bool rms,
                                                       bool residual) {
@@ -244,7 +301,9 @@ __host__ __device__ constexpr int norm_cluster_blocks(int itemsize, int pack_byt
   return CUNORM_NORM_CLUSTER_BLOCKS;
 #else
   return itemsize == 2 ? (residual ? 4 : 3)
-         : itemsize == 4 ? ((residual || rms) && pack_bytes != 8 ? 3 : 1)
+         : itemsize == 4 ? (residual && pack_bytes == 4 ? 2
+                            : (residual || rms) && pack_bytes != 8 ? 3
+                                                                   : 1)
                          : 1;
 #endif
 }
@@ -252,7 +311,8 @@ template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1)
     __launch_bounds__(512, norm_cluster_blocks(sizeof(SRC), PACK * sizeof(SRC), RMS, RESIDUAL))
     norm_smem_cluster(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER, norm_prefetch(sizeof(SRC), RMS, RESIDUAL)>), true);
+  CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER, norm_prefetch(sizeof(SRC), RMS, RESIDUAL, CLUSTER)>),
+                   true);
 }
 
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>

@@ -17,9 +17,11 @@
 // OP::Online instead (online softmax, Welford/Chan, sum of squares) and end with
 // finish_online(state, cols).
 //   typedefs  C (compute), A (accumulator), S1, R1 (reduction of S1), Online, Fin
-//   constants kFirst; kOnePass (the block-wide paths skip the first reduction, summing
-//             second() about 0, and sum again about recenter() where redo() says the mean lies
-//             too far from 0: 16-bit layer_norm); kPadSafe (second() of the padding value
+//   constants kFirst; kOnePass (the block path skips the first reduction, summing second()
+//             about 0, and sums again about recenter() where redo() says the mean lies too far
+//             from 0: 16-bit layer_norm); kOnePassSmem (the same on the shared-memory and
+//             cluster paths: layer_norm in float compute), there about head_mean(load, row,
+//             cols) where kShiftHead (float32 layer_norm); kPadSafe (second() of the padding value
 //             adds nothing, so padding slots need no mask); kZeroPad (pad() is 0, the value
 //             of a zeroed raw pack, so the warp path leaves padding slots as loaded);
 //             Keeps<RAW>::value (the smem path may overwrite its cached raw packs with the
@@ -483,7 +485,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     A s2 = second_sum(s1);
     if constexpr (OP::kOnePass) {
       if (op.redo(s2, cols)) {  // block-uniform: every thread has the reduced bits
-        s1 = op.recenter(s2, cols);  // buf holds x still
+        s1 = op.recenter(s1, s2, cols);  // buf holds x still
         s2 = second_sum(s1);
       }
     }
@@ -529,8 +531,8 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   CUNORM_DYNAMIC_SMEM(smem_raw);
   __shared__ S1 scratch1[33];
   __shared__ A scratch2[33];
-  // the blocks' partial statistics (kOnePass: mail1 carries the sums of a redo)
-  __shared__ ClusterMail<typename Conditional<OP::kOnePass, A, S1>::type, CLUSTER> mail1;
+  // the blocks' partial statistics (kOnePassSmem: mail1 carries the sums of a redo)
+  __shared__ ClusterMail<typename Conditional<OP::kOnePassSmem, A, S1>::type, CLUSTER> mail1;
   __shared__ ClusterMail<A, CLUSTER> mail2;
   const i64 npacks = cols / PACK;
   const i64 packs_per_block = (npacks + CLUSTER - 1) / CLUSTER;
@@ -542,7 +544,7 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
   RawPack* const cache = reinterpret_cast<RawPack*>(smem_raw);
   open_mail<CLUSTER>(mail1, mail2);
   unsigned k = 0;  // exchanges so far (mail phase)
-  unsigned k1 = 0;  // kOnePass: redo exchanges so far (mail1's phase)
+  unsigned k1 = 0;  // kOnePassSmem: redo exchanges so far (mail1's phase)
   // The sum of second() over the slice about s1, reduced over the cluster through `mail`.
   const auto second_sum = [&](S1 s1, auto& mail, unsigned phase, i64 row) {
     A t2 = A{};
@@ -591,10 +593,11 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
       for (i64 p = pack_begin + threadIdx.x; p < end; p += step)
         store.prefetch_params(p * PACK);
     }
+    S1 s1 = S1();  // kOnePassSmem: 0 or the head mean (its loads under the row's)
+    if constexpr (OP::kShiftHead) s1 = op.head_mean(load, row, cols);
     if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open (with the loads in flight)
     copy_async_wait<0>();
-    S1 s1 = S1();  // kOnePass: 0
-    if constexpr (OP::kFirst && !OP::kOnePass) {
+    if constexpr (OP::kFirst && !OP::kOnePassSmem) {
       S1 t = OP::R1::identity();
       for (i64 p = pack_begin + threadIdx.x; p < pack_end; p += step) {
         C v[PACK];
@@ -607,14 +610,15 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
                      cols);
     }
     A s2 = second_sum(s1, mail2, k, row);
-    if constexpr (OP::kOnePass) {
+    if constexpr (OP::kOnePassSmem) {
       // cluster-uniform: the exchange folds the slots in rank order, the same bits everywhere
       if (op.redo(s2, cols)) {
-        s1 = op.recenter(s2, cols);
+        s1 = op.recenter(s1, s2, cols);
         s2 = second_sum(s1, mail1, k1++, row);
       }
     }
-    const typename OP::Fin fin = op.finish(s1, s2, cols);
+    typename OP::Fin fin = op.finish(s1, s2, cols);
+    if constexpr (OP::kShiftHead) fin.fold();
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
     // Pack p's finished values, in v.
     const auto finish_pack = [&](i64 p, C* v) {

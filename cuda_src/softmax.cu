@@ -45,6 +45,8 @@ template <typename C_, typename OUT, bool LOG> struct SoftmaxOp {
   typedef SoftmaxOut<C, OUT, LOG> Fin;
   static constexpr bool kFirst = true;
   static constexpr bool kOnePass = false;
+  static constexpr bool kOnePassSmem = false;
+  static constexpr bool kShiftHead = false;
   static constexpr bool kZeroPad = false;
   static constexpr bool kPadSafe = true;
   // With float32/float64 input the cached raw packs can hold the exponentials: the write pass
