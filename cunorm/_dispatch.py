@@ -193,8 +193,13 @@ BLOCK_PACKS_PER_THREAD = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 # One block caches rows up to SMEM_MAX_COLS (by input item size); longer rows go to the
 # smallest cluster whose slices are small (below), and rows longer than 8 SMEM_SLICE_MAX_BYTES
 # slices are read twice (uncached: on H200 a cluster of 8 with 128 KB slices ran fp32 262144
-# at 2350 GB/s, uncached at 2680).
-SMEM_MAX_COLS = {2: 49152, 4: 24576, 8: 12288}
+# at 2350 GB/s, uncached at 2680). 16-bit rows past 32768 cols (slices of 64 KB) go to clusters:
+# H200, (24576, cols), one block against a cluster, same process (benchmarks/results/
+# nvidia-h200-2026-11-26-one-exchange-profile.txt section 7): rms_norm float16 40960 / 49152
+# 3911 -> 4011 / 3281 -> 3985 GB/s, with a residual 3703 -> 4276 / 3565 -> 4153, softmax and
+# log_softmax +0.5%; at 28672-32000 one block kept rms_norm 1-2% ahead. float32 rows of
+# 20480-24576 cols measured mixed there (rms_norm -2% on a cluster, softmax +0.4%): kept.
+SMEM_MAX_COLS = {2: 32768, 4: 24576, 8: 12288}
 # layer_norm's 16-bit rows past the block path go to clusters sooner: its two passes over the
 # cached row (and the residual's h) run shorter on a cluster's smaller slices. H200, (12288,
 # 32768), weight and bias, one run, one block (64 KB) against a cluster of 2 x 32 KB: float16
