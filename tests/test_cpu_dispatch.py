@@ -660,6 +660,18 @@ def test_layer_norm_16bit_rows_past_registers_take_clusters() -> None:
         assert rows_plan(32768, src, op="layer_norm", props=A100).path == "smem"
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "rms_norm"])
+def test_16bit_rows_past_64kb_take_clusters(op: str) -> None:
+    """SMEM_MAX_COLS: 16-bit rows of up to 32768 columns (64 KB) stay on one block; longer
+    ones (vocabulary-sized rows of 40960-49152 columns ran up to 22% faster there) go to a
+    cluster on sm_90, and stay on one block without clusters."""
+    for src in ("float16", "bfloat16"):
+        assert rows_plan(32768, src, op=op, props=H100).path == "smem"
+        for cols in (32776, 40960, 49152):
+            assert rows_plan(cols, src, op=op, props=H100).path == "cluster", cols
+            assert rows_plan(cols, src, op=op, props=A100).path == "smem", cols
+
+
 def test_small_device_long_rows_uncached() -> None:
     for cols in (8193, 10**4, 10**5):
         assert rows_plan(cols, props=SMALL_80).path == "uncached"
