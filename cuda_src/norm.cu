@@ -75,7 +75,7 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   static constexpr bool kOnePass = !RMS && !RESIDUAL && sizeof(SRC) == 2;
   static constexpr bool kOnePassSmem =
       kOnePass || (!RMS && sizeof(C) == 4 && CUNORM_NORM_SMEM_ONE_EXCHANGE);
-  static constexpr bool kShiftHead = kOnePassSmem && !RMS && sizeof(SRC) == 4;
+  static constexpr bool kShiftHead = kOnePassSmem && sizeof(SRC) == 4;  // float32 layer_norm
   static constexpr bool kZeroPad = true;  // pad() is 0, what a zeroed raw pack converts to
   static constexpr bool kPadSafe = RMS;  // 0 adds nothing to a sum of squares; it does to
                                          // the sums of deviations
