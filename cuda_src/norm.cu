@@ -289,11 +289,21 @@ __global__ void __launch_bounds__(512, CUNORM_UNCACHED_BLOCKS) norm_uncached(CUN
 //   layer_norm w, b   bfloat16 131072 3126 -> 3259, 262144 2913 -> 3015, 32768 3335 -> 3283;
 //                     float16 262144 3191 -> 3189 (4: 2814); float32 3181 (3: 3120, 4: 2323)
 // Holding 2 or 4 packs' weight and bias ahead of the stores (StoreBatch for 16-bit rows)
-// took 61-111 registers and lost 8-35% on the same cells. float32 kernels with 8-byte packs
-// (rows aligned to 8 bytes only) batch 4 packs' parameters at the stores (rows.cuh StoreBatch)
-// and spilled at 40 registers: they keep (512, 1). The float32 residual's scalar-pack kernels
-// (rows aligned to 4 bytes only) spilled 16 bytes at 40 once their rows were summed in one
-// exchange (kOnePassSmem): they take the registers of 2 blocks.
+// took 61-111 registers and lost 8-35% on the same cells. float32 rms_norm and residual
+// kernels with 8-byte packs (rows aligned to 8 bytes only) batch 4 packs' parameters at the
+// stores (rows.cuh StoreBatch) and spilled at 40 registers: they keep (512, 1). The float32
+// residual's scalar-pack kernels (rows aligned to 4 bytes only) spilled 16 bytes at 40 once
+// their rows were summed in one exchange (kOnePassSmem): they take the registers of 2 blocks.
+// float32 layer_norm without a residual stores pack by pack (norm_cluster_batch_bytes) and
+// so fits 3 blocks (scalar packs 2, as the residual's: 3 spilled 8 bytes on clusters of 8).
+// ncu had put its 78-register (512, 1) build at 21 resident warps an SM against rms_norm's
+// 48, with stores that wait on two parameter loads a pack from L2 (without weight and bias
+// the same rows ran at 97% of copy, with them 77%); 3 blocks with batched stores spilled 8
+// bytes. H200, one process, two rounds, rows = 201326592 / cols, (512, 1) with batches ->
+// 3 blocks without (benchmarks/results/nvidia-h200-2026-11-26-ln32-cluster-profile.txt):
+//   layer_norm w, b   float32  32768 3790 -> 3981, 65536 3770 -> 3949, 131072 3591 -> 3699,
+//                     262144 3188 -> 3339 (76.9% -> 80.6% of copy)
+// rms_norm lost 2-10% without its batches (float32 262144 3724 -> 3370).
 // CUNORM_NORM_CLUSTER_BLOCKS overrides every count for measurement.
 __host__ __device__ constexpr int norm_cluster_blocks(int itemsize, int pack_bytes, bool rms,
                                                       bool residual) {
@@ -301,17 +311,27 @@ __host__ __device__ constexpr int norm_cluster_blocks(int itemsize, int pack_byt
   return CUNORM_NORM_CLUSTER_BLOCKS;
 #else
   return itemsize == 2 ? (residual ? 4 : 3)
-         : itemsize == 4 ? (residual && pack_bytes == 4 ? 2
-                            : (residual || rms) && pack_bytes != 8 ? 3
-                                                                   : 1)
+         : itemsize == 4 ? (pack_bytes == 4 && (residual || !rms) ? 2
+                            : residual || rms ? (pack_bytes != 8 ? 3 : 1)
+                                              : 3)
                          : 1;
 #endif
+}
+// The StoreBatch budget (rows.cuh) of the cluster rows: none for float32 layer_norm without a
+// residual (above), rows.cuh's elsewhere. CUNORM_NORM_CLUSTER_BATCH_BYTES overrides the
+// former for measurement (64: as before).
+#ifndef CUNORM_NORM_CLUSTER_BATCH_BYTES
+#define CUNORM_NORM_CLUSTER_BATCH_BYTES 0
+#endif
+__host__ __device__ constexpr int norm_cluster_batch_bytes(int itemsize, bool rms, bool residual) {
+  return itemsize == 4 && !rms && !residual ? CUNORM_NORM_CLUSTER_BATCH_BYTES : kStoreBatchBytes;
 }
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int CLUSTER>
 __global__ void __cluster_dims__(CLUSTER, 1, 1)
     __launch_bounds__(512, norm_cluster_blocks(sizeof(SRC), PACK * sizeof(SRC), RMS, RESIDUAL))
     norm_smem_cluster(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER, norm_prefetch(sizeof(SRC), RMS, RESIDUAL, CLUSTER)>),
+  CUNORM_NORM_ROWS((rows_smem<PACK, CLUSTER, norm_prefetch(sizeof(SRC), RMS, RESIDUAL, CLUSTER),
+                              norm_cluster_batch_bytes(sizeof(SRC), RMS, RESIDUAL)>),
                    true);
 }
 

@@ -152,11 +152,12 @@ __device__ __forceinline__ int load_packs(const LOAD& load, const AT& at, const 
 #ifndef CUNORM_STORE_BATCH_BYTES
 #define CUNORM_STORE_BATCH_BYTES 64
 #endif
+// A kernel may give its own budget (norm.cu norm_cluster_batch_bytes).
 constexpr int kStoreBatchBytes = CUNORM_STORE_BATCH_BYTES;
-template <class STORE, int PACK> struct StoreBatch {
+template <class STORE, int PACK, int BUDGET = kStoreBatchBytes> struct StoreBatch {
   static constexpr int bytes = static_cast<int>(sizeof(typename STORE::template Params<PACK>));
-  static constexpr int value = !STORE::kBatchParams || bytes >= kStoreBatchBytes ? 1
-                               : (kStoreBatchBytes / bytes > 4 ? 4 : kStoreBatchBytes / bytes);
+  static constexpr int value = !STORE::kBatchParams || bytes >= BUDGET ? 1
+                               : (BUDGET / bytes > 4 ? 4 : BUDGET / bytes);
 };
 
 // The parameters of the B packs p0, p0 + step, ... below pack_end (a STORE with kBatchParams).
@@ -506,8 +507,17 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
 
 // Parameter lines the shared-memory path asks L1 for (STORE::prefetch_params), so that its
 // stores find them there and do not wait on L2: none; the whole slice's as a row's loads go
-// out; or the first batch's then, and each next batch's ahead of a batch of stores.
+// out; or the first kPrefetchBatches batches' then, and each batch's that many batches ahead
+// of its stores. H200, two processes, kAhead's cells (tools/gpu_profile.py
+// prefetch-distance; benchmarks/results/nvidia-h200-2026-11-26-ln32-cluster-profile.txt),
+// first two rounds of each, 1 / 2 / 4 / 6 batches ahead: float32 layer_norm 262144 cols
+// 3383/3382, 3413/3402, 3424/3409, 3443/3435 GB/s and 3361/3360, 3397/3383, 3398/3399,
+// 3430/3430; float64 layer_norm 16384-262144 cols within +-1% (outliers aside).
 enum class Prefetch { kNone, kSlice, kAhead };
+#ifndef CUNORM_PREFETCH_BATCHES
+#define CUNORM_PREFETCH_BATCHES 6
+#endif
+constexpr int kPrefetchBatches = CUNORM_PREFETCH_BATCHES;
 
 // ---------------------------------------------------------------------------------------
 // Shared-memory path: a cluster of CLUSTER blocks per row (CLUSTER == 1: one block), each
@@ -518,8 +528,9 @@ enum class Prefetch { kNone, kSlice, kAhead };
 // * sizeof(raw_t). Launched with one block (cluster) per row: measured faster on H200 than a
 // persistent grid double-buffering the next row (benchmarks/results/thresholds-*.md).
 // PREFETCH: which of the slice's parameter lines the row asks L1 for (STORE::prefetch_params;
-// norm.cu norm_prefetch).
-template <int PACK, int CLUSTER, Prefetch PREFETCH = Prefetch::kNone, class OP, class LOAD, class STORE>
+// norm.cu norm_prefetch). BATCH_BYTES: the StoreBatch budget of its stores.
+template <int PACK, int CLUSTER, Prefetch PREFETCH = Prefetch::kNone,
+          int BATCH_BYTES = kStoreBatchBytes, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const STORE& store,
                                           i64 rows, i64 cols) {
   typedef typename OP::C C;
@@ -581,15 +592,16 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
         load.template fill<PACK>(cache + (p - pack_begin), row, p * PACK);
     }
     copy_async_commit();
-    constexpr int kStoreBatch = StoreBatch<STORE, PACK>::value;
+    constexpr int kStoreBatch = StoreBatch<STORE, PACK, BATCH_BYTES>::value;
     static_assert(PREFETCH == Prefetch::kNone || STORE::kParams, "nothing to prefetch");
     // (kAhead's next batches are prefetched in the batched store loop only)
     static_assert(PREFETCH != Prefetch::kAhead || STORE::kBatchParams, "kAhead needs batches");
     if constexpr (PREFETCH != Prefetch::kNone) {
-      // the whole slice, or the first batch of stores
+      // the whole slice, or the first kPrefetchBatches batches of stores
       const i64 end = PREFETCH == Prefetch::kSlice
                           ? pack_end
-                          : min(pack_end, pack_begin + threadIdx.x + kStoreBatch * step);
+                          : min(pack_end,
+                                pack_begin + threadIdx.x + kPrefetchBatches * kStoreBatch * step);
       for (i64 p = pack_begin + threadIdx.x; p < end; p += step)
         store.prefetch_params(p * PACK);
     }
@@ -650,10 +662,10 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
       for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kStoreBatch * step) {
         typename STORE::template Params<PACK> prm[kStoreBatch];
         if constexpr (kStoreBatch > 1) load_params<kStoreBatch, PACK>(store, prm, p0, step, pack_end);
-        if constexpr (PREFETCH == Prefetch::kAhead) {  // the next batch's
+        if constexpr (PREFETCH == Prefetch::kAhead) {  // the batch kPrefetchBatches ahead's
 #pragma unroll
           for (int u = 0; u < kStoreBatch; ++u) {
-            const i64 p = p0 + (kStoreBatch + u) * step;
+            const i64 p = p0 + (kPrefetchBatches * kStoreBatch + u) * step;
             if (p < pack_end) store.prefetch_params(p * PACK);
           }
         }
