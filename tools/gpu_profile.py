@@ -28,7 +28,9 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 or not, ``residual-narrow``: the residual norms' short rows narrowed or not,
 ``spread-rows``: norm rows of 8 packs on other groups and blocks),
 ``l2-keep`` every bench cell with the row paths' x loads plain and under the L2 evict_last
-policy (common.cuh load_pack_l2),
+policy (common.cuh load_pack_l2), ``ln32-cluster`` float32 layer_norm's cluster rows built
+as before and after their resident-block change (cuda_src/norm.cu norm_cluster_blocks),
+``prefetch-distance`` the rows whose stores prefetch parameters ahead at several distances,
 ``param-cost`` the same on the register paths' rows (49152 rows of 2048-12288 columns),
 ``long-affine-cost`` on 24576 rows of 1024-32768 columns;
 ``mid-blocks`` rows of 12288 and 16384 columns on 512-thread blocks of 24 or 32 values a
@@ -98,7 +100,8 @@ COMMANDS = {
     "residual-narrow": lambda: norms.warp_groups(norms.RESIDUAL_NARROW_VARIANTS,
                                                  cases=norms.RESIDUAL_NARROW_CASES),
     "spread-rows": lambda: norms.warp_groups(norms.SPREAD_VARIANTS, cases=norms.SPREAD_CASES),
-    "l2-keep": rows.l2_keep,
+    "l2-keep": rows.l2_keep, "ln32-cluster": rows.ln32_cluster,
+    "prefetch-distance": rows.prefetch_distance,
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
     "attention-groups": attn.attention_groups,
     "attention-grids": lambda: attn.attention_groups((512, 1024, 2048, 4096), (0, None)),

@@ -256,13 +256,14 @@ def peer_kernels() -> None:
         torch.cuda.synchronize()
 
 
-def l2_keep(ops: tuple[str, ...] = ("softmax", "log_softmax", "layer_norm", "rms_norm",
-                                    "layer_norm_residual", "rms_norm_residual"),
-            rounds: int = 2) -> None:
-    """Every cell of the benchmark sweep (cunorm.bench: dtypes x STANDARD_COLS, its rows and
-    timer), built with the row paths' x loads plain (CUNORM_X_L2_KEEP=0) and as shipped
-    (common.cuh load_pack_l2), ``rounds`` interleaved rounds in one process; the outputs of
-    the two builds compared bit for bit. Only the first round of a cell pays its first timing."""
+def compare_builds(builds: list[tuple[str, tuple[str, ...]]], ops: tuple[str, ...],
+                   dtypes: tuple[str, ...] | None = None, cols_list: tuple[int, ...] | None = None,
+                   rounds: int = 2) -> None:
+    """Cells of the benchmark sweep (cunorm.bench: its rows and timer; every dtype and
+    STANDARD_COLS unless given) on each (name, extra NVRTC options) build, ``rounds``
+    interleaved rounds in one process, the last build's GB/s over the first's (last round),
+    and whether their outputs match bit for bit. Only the first round of a cell pays its first
+    timing."""
     from profile_common import _build_with
 
     from cunorm.bench.cases import make_case
@@ -270,14 +271,15 @@ def l2_keep(ops: tuple[str, ...] = ("softmax", "log_softmax", "layer_norm", "rms
     from cunorm.bench.sweep import DEFAULT_DTYPES, STANDARD_COLS, rows_for
     from cunorm.bench.timing import CupyEventTimer, gbps
 
-    builds = [("plain", ("-DCUNORM_X_L2_KEEP=0",)), ("kept", ())]
+    first, last = builds[0][0], builds[-1][0]
     timer = CupyEventTimer(pad_us=100)
-    print(f"{'op':20s} {'dtype':8s} {'cols':>7s} {'rows':>6s}  {'plain GB/s':>11s}  "
-          f"{'kept GB/s':>11s}  kept/plain (last round)  same output", flush=True)
+    print(f"{'op':20s} {'dtype':8s} {'cols':>7s} {'rows':>6s}  "
+          + "  ".join(f"{name + ' GB/s':>11s}" for name, _ in builds)
+          + f"  {last}/{first} (last round)  same output", flush=True)
     for op in ops:
         fn = OPS[op].resolve()[0]
-        for dt in DEFAULT_DTYPES:
-            for cols in STANDARD_COLS:
+        for dt in dtypes or DEFAULT_DTYPES:
+            for cols in cols_list or STANDARD_COLS:
                 rows = rows_for(cols)
                 case = make_case(OPS[op], (rows, cols), dt)
                 rates: dict[str, list[float]] = {name: [] for name, _ in builds}
@@ -292,11 +294,40 @@ def l2_keep(ops: tuple[str, ...] = ("softmax", "log_softmax", "layer_norm", "rms
                         rates[name].append(gbps(case.nbytes, timer(
                             functools.partial(case.cunorm, fn))))
                 same = all(bool(cupy.array_equal(a, b, equal_nan=True))
-                           for a, b in zip(outs["plain"], outs["kept"], strict=True))
+                           for a, b in zip(outs[first], outs[last], strict=True))
                 line = "  ".join(f"{'/'.join(f'{r:.0f}' for r in rates[n]):>11s}"
                                  for n, _ in builds)
                 print(f"{op:20s} {dt:8s} {cols:7d} {rows:6d}  {line}  "
-                      f"{rates['kept'][-1] / rates['plain'][-1]:.3f}  {same}", flush=True)
+                      f"{rates[last][-1] / rates[first][-1]:.3f}  {same}", flush=True)
                 del case, outs
                 cupy.get_default_memory_pool().free_all_blocks()
     _build_with(())
+
+
+def l2_keep(ops: tuple[str, ...] = ("softmax", "log_softmax", "layer_norm", "rms_norm",
+                                    "layer_norm_residual", "rms_norm_residual"),
+            rounds: int = 2) -> None:
+    """Every cell of the benchmark sweep built with the row paths' x loads plain
+    (CUNORM_X_L2_KEEP=0) and as shipped (common.cuh load_pack_l2): :func:`compare_builds`."""
+    compare_builds([("plain", ("-DCUNORM_X_L2_KEEP=0",)), ("kept", ())], ops, rounds=rounds)
+
+
+def ln32_cluster(rounds: int = 2) -> None:
+    """float32 layer_norm rows of 32768+ columns (cluster kernels) built as before session 45
+    (78 registers, one resident 512-thread block, stores batched, parameters prefetched one
+    batch ahead on clusters of 16) and as shipped (3 blocks, stores pack by pack, six packs
+    ahead: cuda_src/norm.cu norm_cluster_blocks, rows.cuh kPrefetchBatches). The 'before'
+    build gives every other cluster kernel one block too, so only these cells compare."""
+    before = ("-DCUNORM_NORM_CLUSTER_BLOCKS=1", "-DCUNORM_NORM_CLUSTER_BATCH_BYTES=64",
+              "-DCUNORM_PREFETCH_BATCHES=1")
+    compare_builds([("before", before), ("shipped", ())], ("layer_norm",), ("float32",),
+                   (32768, 65536, 131072, 262144), rounds)
+
+
+def prefetch_distance() -> None:
+    """The cells whose stores prefetch their parameters batches ahead (rows.cuh kAhead: float32
+    layer_norm on clusters of 16, float64 layer_norm) built 1, 2, 4 and 6 (shipped) batches
+    ahead (CUNORM_PREFETCH_BATCHES); float32 131072 columns (kSlice) as a control."""
+    builds = [(f"D{d}", (f"-DCUNORM_PREFETCH_BATCHES={d}",)) for d in (1, 2, 4, 6)]
+    compare_builds(builds, ("layer_norm",), ("float32",), (131072, 262144), rounds=3)
+    compare_builds(builds, ("layer_norm",), ("float64",), (16384, 32768, 65536, 131072, 262144))
