@@ -310,11 +310,13 @@ __host__ __device__ constexpr int norm_cluster_blocks(int itemsize, int pack_byt
 #ifdef CUNORM_NORM_CLUSTER_BLOCKS
   return CUNORM_NORM_CLUSTER_BLOCKS;
 #else
-  return itemsize == 2 ? (residual ? 4 : 3)
-         : itemsize == 4 ? (pack_bytes == 4 && (residual || !rms) ? 2
-                            : residual || rms ? (pack_bytes != 8 ? 3 : 1)
-                                              : 3)
-                         : 1;
+  // float32 by pack size: scalar packs 2 (rms_norm without a residual 3), 8-byte packs of
+  // rms_norm and the residual forms 1, the rest 3
+  return itemsize == 2                           ? (residual ? 4 : 3)
+         : itemsize != 4                         ? 1
+         : pack_bytes == 4                       ? (rms && !residual ? 3 : 2)
+         : pack_bytes == 8 && (rms || residual) ? 1
+                                                 : 3;
 #endif
 }
 // The StoreBatch budget (rows.cuh) of the cluster rows: none for float32 layer_norm without a
