@@ -205,11 +205,19 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
 // warp-norm-sources): layer_norm float16 with a residual 1000 cols 3646 -> 3721 GB/s, 1024
 // 3813 -> 3867, rms_norm float16 with a residual 3699 -> 3751, 3865 -> 3911; within -0.5% and
 // +1.5% without one (rms_norm bfloat16 1024 3749 -> 3736, layer_norm bfloat16 512 3084 -> 3127).
-__host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int cols) {
-  return src_bytes < 8 && pack * src_bytes == 16 && cols <= 32 ? 8 : 4;
+// 16-bit groups of 4 rows (rows of 8 packs, cunorm/_dispatch.py WARP_SPREAD_ROWS) get those
+// of 6 (80): at 64 they spilled 44-124 bytes, and at 73-80 registers a 64-thread block of 32
+// rows still fits 12 times an SM (49152 rows: one wave of 1536 blocks). float32 groups of 4
+// rows keep 64 (53-64 registers; 80 measured -1.6% to +1.2%). H200, the same process
+// (benchmarks/results/nvidia-h200-2026-11-26-spread-rows-profile.txt): 16-bit 64 columns
+// +5-8%, with a residual +1-4%.
+__host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int cols, int rows) {
+  return src_bytes < 8 && pack * src_bytes == 16 && cols <= 32
+             ? (src_bytes == 2 && rows >= 4 ? 6 : 8)
+             : 4;
 }
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS>
-__global__ void __launch_bounds__(128, norm_warp_blocks(sizeof(SRC), PACK, COLS))
+__global__ void __launch_bounds__(128, norm_warp_blocks(sizeof(SRC), PACK, COLS, ROWS))
     norm_warp(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>), false);
 }

@@ -100,17 +100,22 @@ RESIDUAL_NARROW_MAX_PACKS = 8
 #: (pack, packs a row) that keep the tiny-row groups rather than narrowed ones, by family
 WARP_GROUP_KEEP_TINY = {"softmax": ((8, 8),)}
 # Narrowed norm rows of exactly this many packs (16-bit 64 columns, float32 32) take a lane a
-# pack and several rows a group, WARP_SPREAD_VALUES values a lane (2 rows of 16-bit data, 4 of
-# float32), instead of half the lanes holding two packs of one row: each lane then loads and
-# converts its weight and bias once for all its rows (rows.cuh rows_warp, AffineStore
-# store_rows). H200, 49152 rows, weight and bias, GB/s, two GPUs, narrowed -> spread
-# (benchmarks/results/nvidia-h200-2026-11-23-warp-rows-profile.txt): layer_norm float16 64
-# 1356 -> 1414, 1380 -> 1440; bfloat16 64 1361 -> 1409, 1394 -> 1430; rms_norm float16 64
-# 1385 -> 1435, 1420 -> 1473; layer_norm float32 32 1412 -> 1518, 1440 -> 1530; rms_norm
-# float32 32 1486 -> 1557. Rows of 4 packs lost 1-3% that way (float16 32 columns), rows of 12
-# packs 2-8% and rows of 16 gained nothing. float64 rows (not measured) keep the narrowed groups.
+# pack and WARP_SPREAD_ROWS rows a group, instead of half the lanes holding two packs of one
+# row: each lane then loads and converts its weight and bias once for all its rows (rows.cuh
+# rows_warp, AffineStore store_rows). H200, 49152 rows, weight and bias, GB/s, two GPUs,
+# narrowed -> spread (benchmarks/results/nvidia-h200-2026-11-23-warp-rows-profile.txt):
+# layer_norm float16 64 1356 -> 1414, 1380 -> 1440; bfloat16 64 1361 -> 1409, 1394 -> 1430;
+# rms_norm float16 64 1385 -> 1435, 1420 -> 1473; layer_norm float32 32 1412 -> 1518, 1440 ->
+# 1530; rms_norm float32 32 1486 -> 1557. Rows of 4 packs lost 1-3% that way (float16 32
+# columns), rows of 12 packs 2-8% and rows of 16 gained nothing. float64 rows (not measured)
+# keep the narrowed groups. 16-bit rows took 2 rows a group until their 4-row kernels got 80
+# registers (cuda_src/norm.cu norm_warp_blocks; under 64 they spilled and lost 3.5-26%): H200,
+# one process, two rounds, 2 -> 4 rows, outputs bit-identical (benchmarks/results/
+# nvidia-h200-2026-11-26-spread-rows-profile.txt): layer_norm float16 64 1399 -> 1478,
+# bfloat16 1389 -> 1501, rms_norm float16 1456 -> 1530, bfloat16 1446 -> 1524, with a residual
+# +1.3-3.8%.
 WARP_SPREAD_PACKS = {"norm": 8}
-WARP_SPREAD_VALUES = 16
+WARP_SPREAD_ROWS = 4
 # Threads per block of the warp kernels (compiled __launch_bounds__(128, n): at most 128). A
 # block holds its SM slot until its last warp ends; two warps a block free it sooner than four.
 # H200, GB/s, 128 -> 64 (-> 32) threads, two rounds (tools/gpu_profile.py warp-blocks,
@@ -510,8 +515,8 @@ def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
     (16, 16, 1)
     >>> warp_config(256, 8, 4, "norm")  # with a residual
     (8, 32, 1)
-    >>> warp_config(64, 8, 4, "norm", narrow=True)  # 8 packs: a pack a lane, two rows a group
-    (8, 8, 2)
+    >>> warp_config(64, 8, 4, "norm", narrow=True)  # 8 packs: a pack a lane, four rows a group
+    (8, 8, 4)
     >>> warp_config(64, 8, 4, "softmax", narrow=True)  # kept tiny: 8 lanes, 2 rows a group
     (8, 8, 2)
     >>> warp_config(64, 4, 4, "softmax", narrow=True)  # float32: 8 lanes of 2 packs
@@ -522,7 +527,7 @@ def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
         target = 0
     if target and cols >= WARP_GROUP_MIN_PACKS.get(family, 0) * pack:
         if cbytes == 4 and _cdiv(cols, pack) == WARP_SPREAD_PACKS.get(family):
-            return pack, _cdiv(cols, pack), max(1, WARP_SPREAD_VALUES // pack)
+            return pack, _cdiv(cols, pack), WARP_SPREAD_ROWS
         # The narrowest group whose lanes hold at most `target` packs.
         for group in (1, 2, 4, 8, 16, 32):
             k = _cdiv(_cdiv(cols, group), pack)

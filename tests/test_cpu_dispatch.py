@@ -187,8 +187,8 @@ def _warp_row_config(op: str, src: str, cols: int, align: int = 16,
 def test_warp_groups_narrow(op: str, src: str) -> None:
     """Rows of full packs from WARP_GROUP_MIN_PACKS packs on take the narrowest group whose
     lanes hold at most WARP_GROUP_PACKS packs (one row a group), except the norms' rows of
-    WARP_SPREAD_PACKS packs in float compute, which take a lane a pack and WARP_SPREAD_VALUES
-    values a lane in rows, and the WARP_GROUP_KEEP_TINY rows, which keep a pack a lane and two
+    WARP_SPREAD_PACKS packs in float compute, which take a lane a pack and WARP_SPREAD_ROWS
+    rows a group, and the WARP_GROUP_KEEP_TINY rows, which keep a pack a lane and two
     rows a group; from 32 x WARP_GROUP_PACKS packs on, 32 lanes as before. Scalar packs
     never narrow; the residual norms' rows longer than RESIDUAL_NARROW_MAX_PACKS packs neither
     (:func:`test_residual_norms_narrow_short_rows_only`)."""
@@ -204,7 +204,7 @@ def test_warp_groups_narrow(op: str, src: str) -> None:
             continue
         if npacks == spread:
             assert (pack, per_thread, group) == (full, full, npacks)
-            assert rpg * per_thread == d.WARP_SPREAD_VALUES, (rpg, per_thread)
+            assert rpg == d.WARP_SPREAD_ROWS, rpg
             continue
         k = per_thread // pack
         assert pack == full and rpg == 1 and k <= most and group * k >= npacks, npacks

@@ -26,7 +26,7 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 ``warp-groups`` short rows on narrower warp-path lane groups (``warp-blocks``: on smaller blocks,
 ``warp-packs``: on lanes of 4 packs, ``softmax-narrow``: softmax rows of 4-31 packs narrowed
 or not, ``residual-narrow``: the residual norms' short rows narrowed or not,
-``spread-rows``: norm rows of 8 packs on other groups and blocks),
+``spread-rows``: norm rows of 8 packs on 2 or 4 rows a group or narrowed),
 ``l2-keep`` every bench cell with the row paths' x loads plain and under the L2 evict_last
 policy (common.cuh load_pack_l2), ``ln32-cluster`` float32 layer_norm's cluster rows built
 as before and after their resident-block change (cuda_src/norm.cu norm_cluster_blocks),
