@@ -297,6 +297,10 @@ class LaunchPlan:
         Dynamic shared memory in bytes.
     tx_count : int
         Strided path only: threads along the inner axis of a block.
+    carveout : int
+        Shared-memory carveout hint the kernel must carry for this launch, in percent of the
+        SM's shared-memory capacity; -1 leaves the driver's choice (see
+        :func:`weight_l1_residency`).
     """
 
     path: str
@@ -305,6 +309,7 @@ class LaunchPlan:
     block: int
     smem: int
     tx_count: int = 0
+    carveout: int = -1
 
 
 # --- forcing a path (tests, threshold measurement) -------------------------------------
@@ -670,8 +675,9 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         name = f"cunorm::{family}_block<{head}, {pack}, {per_thread}>"
         return LaunchPlan("block", name, min(rows, MAX_GRID), threads, 0)
     if path in ("smem", "cluster"):
+        weight_bytes = cols * ITEMSIZE[src] if op == "rms_norm" and not residual else 0
         return _plan_smem(family, head, src, rows, cols, pack, props, occ, path == "cluster",
-                          residual)
+                          residual, weight_bytes)
     if path == "uncached":
         name = f"cunorm::{family}_uncached<{head}, {pack}>"
         per_sm = max(1, occ(name, UNCACHED_BLOCK, 0))
@@ -790,7 +796,7 @@ def _uncached_cluster(row_bytes: int, props: DeviceProps) -> int:
 
 def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int,
                props: DeviceProps, occ: Occupancy, want_cluster: bool,
-               residual: bool = False) -> LaunchPlan:
+               residual: bool = False, weight_bytes: int = 0) -> LaunchPlan:
     if want_cluster and not props.has_clusters:
         raise ValueError(f"path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
     cfg = smem_config(cols, pack, ITEMSIZE[src], props,
@@ -814,16 +820,104 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
     # GB/s against 512 x 2 4118, rms_norm 3885 / 4130 (unstaged, layer_norm 3825 / 3908); 16-bit
     # rows (half the packs) keep the smaller: layer_norm float16 (16384, 12288) 256 x 6 4071
     # against 512 x 3 4005.
+    carveout = -1
     if family == "norm":
         larger = residual and cluster == 1 and ITEMSIZE[src] >= 4
         block, per_sm = pick_block_threads(name, smem, occ, larger)
+        if cluster == 1 and weight_bytes and per_sm > 0:
+            resident, carveout = weight_l1_residency(props, per_sm, smem, weight_bytes)
+            if carveout >= 0:
+                block, per_sm = pick_block_threads(
+                    name, smem, lambda k, b, s: min(occ(k, b, s), resident), larger)
     else:
         block, per_sm = pick_block(name, smem, occ)
     if per_sm <= 0:
         raise ValueError(f"path 'smem' does not fit: {smem} bytes of shared memory per block")
     if cluster == 1:
-        return LaunchPlan("smem", name, min(rows, MAX_GRID), block, smem)
+        return LaunchPlan("smem", name, min(rows, MAX_GRID), block, smem, carveout=carveout)
     return LaunchPlan("cluster", name, min(rows, MAX_GRID // cluster) * cluster, block, smem)
+
+
+# --- the weight of a one-block rms_norm row in L1 -------------------------------------------
+# An SM's L1 and shared memory are one array, split by the driver at launch: left alone it
+# takes the smallest shared-memory capacity that holds the resident blocks, and the rest is
+# L1. A one-block rms_norm row reads its weight from global memory in the store loop, once a
+# row; where the L1 left beside the blocks cannot hold the weight (and the row's own loads),
+# every row fetches it from L2 again. Fewer resident blocks in a smaller split keep it. H200,
+# 49152 rows, GB/s, tree (driver's split) -> 2 blocks under a 57% hint (132 KiB split, 124 KiB
+# of L1), torch.compile alongside (.exp carve3; benchmarks/results/nvidia-h200-2026-11-26-
+# l1-weight-profile.txt): float16 32768 cols (3 blocks in the 196 KiB split: 60 KiB of L1 for
+# a 64 KB weight) 4052 -> 4305 (torch.compile 4297), bfloat16 4013 -> 4310 (4215); 30720
+# 4186 -> 4314, 4165 -> 4310; 28672 4172 -> 4314, 4143 -> 4310; 26624 (3 blocks, 164 KiB
+# split, 92 KiB of L1 for 52 KB) 4299 -> 4305, 4298 -> 4299. Splits larger than the driver's
+# lost up to 3% (20480-24576 cols). Not for the residual form (float16 32768 on 2 blocks
+# 4232 -> 3850: its rows read and write twice as much, and 3 blocks hide more of it) nor for
+# layer_norm (weight and bias; float16 24576 on fewer blocks 3853 -> 3620), nor for rows held
+# in registers (block path, no shared memory: any hint lost 12-17% at 16384 columns). A plan
+# does not know whether the call passes a weight; without one, the same rows on 2 blocks ran
+# 1% faster (float16 32768: 4270 -> 4315; with it 4101 -> 4320, the shipped plan, same
+# process: .exp l1check).
+#: (unified L1 and shared memory, the shared-memory capacities it can be split into) per SM,
+#: KiB, by compute capability (NVIDIA's Hopper tuning guide). Other architectures keep the
+#: driver's split.
+L1_SMEM_SPLITS_KIB = {90: (256, (0, 8, 16, 32, 64, 100, 132, 164, 196, 228))}
+#: L1 the row's own loads want beside the weight: 28672 columns lost 3% with 4 KiB to spare
+#: (60 KiB of L1 for 56 KB), 24576 columns none with 44 KiB (92 for 48).
+L1_WEIGHT_MARGIN = 32 << 10
+
+
+def weight_l1_residency(props: DeviceProps, per_sm: int, block_smem: int,
+                        weight_bytes: int) -> tuple[int, int]:
+    """(resident blocks, carveout percent) that keep a one-block row's weight in L1.
+
+    Parameters
+    ----------
+    props : DeviceProps
+        Target device (``L1_SMEM_SPLITS_KIB`` must list its compute capability).
+    per_sm : int
+        Resident blocks per SM the occupancy oracle allows.
+    block_smem : int
+        Dynamic shared memory of one block, bytes (the driver reserves
+        ``smem_per_sm - smem_per_block_optin`` more a block).
+    weight_bytes : int
+        Bytes of the weight every row reads.
+
+    Returns
+    -------
+    (int, int)
+        ``(per_sm, -1)`` where the driver's own split keeps the weight, none of at least 2
+        blocks does or the device is not listed; else the most blocks (at least 2) whose
+        smallest split leaves ``weight_bytes + L1_WEIGHT_MARGIN`` of L1, and the hint that
+        asks for that split (rounded down: the driver rounds a hint up to a split).
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h200 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 140 << 20)
+    >>> weight_l1_residency(h200, 3, 65536, 65536)  # float16 rows of 32768 columns
+    (2, 57)
+    >>> weight_l1_residency(h200, 3, 53248, 53248)  # 26624: 92 KiB of L1 beside 3 blocks
+    (3, -1)
+    """
+    split = L1_SMEM_SPLITS_KIB.get(props.arch)
+    if split is None:
+        return per_sm, -1
+    unified, capacities = split[0] << 10, [c << 10 for c in split[1]]
+    footprint = block_smem + props.smem_per_sm - props.smem_per_block_optin
+
+    def l1_left(blocks: int) -> tuple[int, int]:  # (L1 bytes, split) of the smallest split
+        capacity = next(c for c in capacities if c >= blocks * footprint)
+        return unified - capacity, capacity
+
+    if per_sm * footprint > capacities[-1]:  # no split holds them: the oracle knows better
+        return per_sm, -1
+    if l1_left(per_sm)[0] >= weight_bytes + L1_WEIGHT_MARGIN:  # the driver's split keeps it
+        return per_sm, -1
+    for blocks in range(per_sm - 1, 1, -1):
+        left, capacity = l1_left(blocks)
+        if left >= weight_bytes + L1_WEIGHT_MARGIN:
+            return blocks, capacity * 100 // capacities[-1]
+    return per_sm, -1
 
 
 # --- strided (outer, dim, inner) --------------------------------------------------------

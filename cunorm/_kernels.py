@@ -111,9 +111,31 @@ def get_kernel(device_id: int, arch: int, op_file: str, name: str, smem_optin: i
     return kern
 
 
+# CUfunction handle -> the carveout hint last given to it. The hint is an attribute of the
+# function, and CuPy shares one module (so one function) among equal sources and options, so
+# the record follows the handle, not the RawKernel object.
+_CARVEOUTS: dict[int, int] = {}
+
+
+def set_carveout(kernel, percent: int) -> None:
+    """Give ``kernel`` the shared-memory carveout hint ``percent`` (of the SM's shared-memory
+    capacity; -1: the driver's choice) unless it already carries it. Plans of one kernel may
+    want different hints (:attr:`cunorm._dispatch.LaunchPlan.carveout`), so a launch sets its
+    own; an unchanged hint costs a dictionary lookup, not a driver call."""
+    handle = kernel.kernel.ptr
+    if _CARVEOUTS.get(handle, -1) != percent:
+        kernel.preferred_shared_memory_carveout = percent
+        _CARVEOUTS[handle] = percent
+
+
 def occupancy(kernel, block: int, dynamic_smem: int) -> int:
-    """Active blocks per multiprocessor for ``kernel`` at this block size and shared memory."""
+    """Active blocks per multiprocessor for ``kernel`` at this block size and shared memory,
+    under the driver's split of L1 and shared memory: the driver's answer follows the
+    kernel's carveout hint, which a launch of another plan may have set, and a plan must not
+    depend on which shape ran before it."""
     import cupy
+
+    set_carveout(kernel, -1)
 
     return int(
         cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _array, _dispatch
 from ._device import device_props
-from ._kernels import get_kernel, occupancy
+from ._kernels import get_kernel, occupancy, set_carveout
 
 # (device, op, dtype, rows, cols, align, residual, forced path) -> (kernel, grid, block, smem)
 _PLANS: dict[tuple, tuple] = {}
@@ -348,7 +348,8 @@ def _launch(call: _Call, x, ldx, y, ldy, w, b, r, ldr, h, mean, rstd, rows, cols
     if entry is None:
         entry = _PLANS[key] = _make_plan(dev, call.op, call.dtype, rows, cols, align, residual,
                                          forced)
-    kernel, grid, block, smem = entry
+    kernel, grid, block, smem, carveout = entry
+    set_carveout(kernel, carveout)
     eps = np.float64(call.eps)  # the kernels' accumulator type
     args = (x, y, i64(rows), i64(cols), i64(ldx), i64(ldy),
             null if w is None else w, null if b is None else b,
@@ -371,7 +372,7 @@ def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,
     force = forced if forced in _dispatch.ROW_PATHS else None
     plan = _dispatch.plan_rows(op, dtype, dtype, rows, cols, align, props, occ, force,
                                residual=residual)
-    return kernel_for(plan.kernel), (plan.grid,), (plan.block,), plan.smem
+    return kernel_for(plan.kernel), (plan.grid,), (plan.block,), plan.smem, plan.carveout
 
 
 # --- NumPy reference --------------------------------------------------------------------

@@ -672,6 +672,55 @@ def test_16bit_rows_past_64kb_take_clusters(op: str) -> None:
             assert rows_plan(cols, src, op=op, props=A100).path == "smem", cols
 
 
+def register_occ(props: DeviceProps, registers: int) -> Callable[[str, int, int], int]:
+    """fake_occ with the register file (64K) bounding blocks of ``registers`` a thread too, and
+    the driver's per-block reserve added to each block's shared memory."""
+    reserve = props.smem_per_sm - props.smem_per_block_optin
+
+    def occ(kernel: str, block: int, smem: int) -> int:
+        return min(props.max_threads_per_sm // block, 65536 // (registers * block),
+                   props.smem_per_sm // (smem + reserve))
+
+    return occ
+
+
+@pytest.mark.parametrize("src", ["float16", "bfloat16"])
+def test_rms_norm_one_block_rows_keep_the_weight_in_l1(src: str) -> None:
+    """weight_l1_residency: 16-bit rms_norm rows of 28672-32768 columns (56-64 KB weights, 3
+    resident 512-thread blocks at 39 registers, so a 196 KiB split and 60 KiB of L1) run 2
+    blocks under a hint for the 132 KiB split; shorter rows, the residual form, layer_norm and
+    devices without a listed split keep the driver's split."""
+    occ = register_occ(H200, 40)
+
+    def plan(cols: int, op: str = "rms_norm", props: DeviceProps = H200, residual=False):
+        return d.plan_rows(op, src, src, 49152, cols, 8, props, occ, residual=residual)
+
+    for cols in (28672, 30720, 32768):
+        p = plan(cols)
+        assert (p.path, p.block, p.carveout) == ("smem", 512, 57), cols
+        assert min(occ(p.kernel, p.block, p.smem), 2) == 2
+        # the hint asks for the split that just holds 2 blocks: 57% of 228 KiB rounds up to 132
+        assert 100 < H200.smem_per_sm * p.carveout / 100 / 1024 <= 132
+        assert 2 * (p.smem + 1024) <= 132 * 1024
+        for other in (plan(cols, residual=True), plan(cols, "layer_norm", H200),
+                      plan(cols, props=A100)):
+            assert other.carveout == -1, (cols, other)
+    for cols in (20480, 24576, 26624):
+        assert plan(cols).carveout == -1, cols
+    assert plan(16384).path == "block" and plan(16384).carveout == -1
+
+
+def test_weight_l1_residency_keeps_two_blocks() -> None:
+    # 80 KB float32 rows: 2 blocks leave 60 KiB of L1, one block would keep the weight but
+    # gives up the overlap of two rows
+    assert d.weight_l1_residency(H200, 2, 81920, 81920) == (2, -1)
+    assert d.weight_l1_residency(H200, 3, 65536, 65536) == (2, 57)
+    assert d.weight_l1_residency(H200, 6, 24576, 16384) == (6, -1)
+    assert d.weight_l1_residency(A100, 3, 65536, 65536) == (3, -1)
+    # 8 blocks of 24 KB fill the 228 KiB split; 5 fit in 132 KiB (124 KiB of L1 for 80 KB)
+    assert d.weight_l1_residency(H200, 8, 24576, 81920) == (5, 57)
+
+
 def test_small_device_long_rows_uncached() -> None:
     for cols in (8193, 10**4, 10**5):
         assert rows_plan(cols, props=SMALL_80).path == "uncached"
