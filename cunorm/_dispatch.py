@@ -853,7 +853,9 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
 # lost up to 3% (20480-24576 cols). Not for the residual form (float16 32768 on 2 blocks
 # 4232 -> 3850: its rows read and write twice as much, and 3 blocks hide more of it) nor for
 # layer_norm (weight and bias; float16 24576 on fewer blocks 3853 -> 3620), nor for rows held
-# in registers (block path, no shared memory: any hint lost 12-17% at 16384 columns). A plan
+# in registers (block path, no shared memory: any hint lost 12-17% at 16384 columns), nor for
+# cluster slices (6 resident blocks of 32 KB in the 228 KiB split, 28 KiB of L1 for a 32 KB
+# weight slice, beat 3 blocks under 57% by 6-10%: float16 65536 3914 -> 3698). A plan
 # does not know whether the call passes a weight; without one, the same rows on 2 blocks ran
 # 1% faster (float16 32768: 4270 -> 4315; with it 4101 -> 4320, the shipped plan, same
 # process: .exp l1check).
