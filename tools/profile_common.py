@@ -40,7 +40,7 @@ def _planned(op: str):
     kern = next(e for e in entry if isinstance(e, cupy.RawKernel))
     if softmax:  # (plan, kernel, grid, block)
         return kern, entry[3][0], entry[0].smem
-    return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem)
+    return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem, carveout)
 
 
 def _call_case(op: str, dt: str, rows: int, cols: int):
