@@ -121,7 +121,10 @@ def set_carveout(kernel, percent: int) -> None:
     """Give ``kernel`` the shared-memory carveout hint ``percent`` (of the SM's shared-memory
     capacity; -1: the driver's choice) unless it already carries it. Plans of one kernel may
     want different hints (:attr:`cunorm._dispatch.LaunchPlan.carveout`), so a launch sets its
-    own; an unchanged hint costs a dictionary lookup, not a driver call."""
+    own; an unchanged hint costs a dictionary lookup, not a driver call, and while no kernel
+    carries one (every plan but a few), not even that."""
+    if percent < 0 and not _CARVEOUTS:
+        return
     handle = kernel.kernel.ptr
     if _CARVEOUTS.get(handle, -1) != percent:
         kernel.preferred_shared_memory_carveout = percent
@@ -136,7 +139,6 @@ def occupancy(kernel, block: int, dynamic_smem: int) -> int:
     import cupy
 
     set_carveout(kernel, -1)
-
     return int(
         cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
             kernel.kernel.ptr, block, dynamic_smem

@@ -17,7 +17,8 @@ from . import _array, _dispatch
 from ._device import device_props
 from ._kernels import get_kernel, occupancy, set_carveout
 
-# (device, op, dtype, rows, cols, align, residual, forced path) -> (kernel, grid, block, smem)
+# (device, op, dtype, rows, cols, align, residual, forced path)
+#   -> (kernel, grid, block, smem, carveout hint)
 _PLANS: dict[tuple, tuple] = {}
 
 
