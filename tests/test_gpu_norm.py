@@ -94,10 +94,10 @@ def as_rows(a: np.ndarray, axis=-1) -> np.ndarray:
     return np.transpose(a, keep + list(axes)).reshape(n, -1)
 
 
-def rel_err(y: np.ndarray, ref: np.ndarray, axis=-1) -> float:
-    """Largest relative max-norm error over the slices along ``axis`` (finite refs). A slice
-    whose values all lie below the smallest normal number of ``y``'s dtype is measured against
-    that number instead: there the dtype's spacing is fixed (subnormals), so even a correctly
+def row_errs(y: np.ndarray, ref: np.ndarray, axis=-1) -> np.ndarray:
+    """Relative max-norm error of each slice along ``axis`` (finite refs). A slice whose
+    values all lie below the smallest normal number of ``y``'s dtype is measured against that
+    number instead: there the dtype's spacing is fixed (subnormals), so even a correctly
     rounded result can be far from the reference relative to its own size (a float16 output
     of 4.92e-6 rounds to 4.947e-6: 0.5% off)."""
     y = np.asarray(y)
@@ -107,7 +107,13 @@ def rel_err(y: np.ndarray, ref: np.ndarray, axis=-1) -> float:
     ref = as_rows(ref, axis)
     num = np.abs(y - ref).max(axis=-1)
     den = np.abs(ref).max(axis=-1)
-    return float((num / np.maximum(den, floor)).max()) if num.size else 0.0
+    return num / np.maximum(den, floor)
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray, axis=-1) -> float:
+    """Largest relative max-norm error over the slices along ``axis`` (:func:`row_errs`)."""
+    errs = row_errs(y, ref, axis)
+    return float(errs.max()) if errs.size else 0.0
 
 
 def random_input(rng: np.random.Generator, shape, dtype, scale: float = 3.0, loc: float = 0.5):
@@ -858,22 +864,27 @@ def _torch_cuda():
     return torch
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("cols", [32, 1000, 4096, 40000])
-def test_not_less_accurate_than_torch(rng, op, dtype, cols):
+def _torch_norm(op: str, x, w, b) -> np.ndarray:
+    """torch's ``op`` over the last axis of the GPU arrays x, w (and b), on the host."""
     torch = _torch_cuda()
     F = torch.nn.functional
-    x, xh = random_input(rng, (64, cols), dtype, scale=5.0, loc=2.0)
-    w, b, wh, bh = affine(rng, op, (cols,), dtype)
-    ref = reference(op, xh, -1, wh, bh)[0]
-    ours = rel_err(cupy.asnumpy(call(op, x, w, b)), ref)
-    t, tw = torch.from_dlpack(x), torch.from_dlpack(w)
+    t, tw, cols = torch.from_dlpack(x), torch.from_dlpack(w), x.shape[-1]
     if op == "layer_norm":
         yt = F.layer_norm(t, (cols,), tw, torch.from_dlpack(b), eps=DEFAULT_EPS[op])
     else:
         yt = F.rms_norm(t, (cols,), tw, eps=DEFAULT_EPS[op])
-    theirs = rel_err(cupy.asnumpy(cupy.from_dlpack(yt.contiguous())), ref)
+    return cupy.asnumpy(cupy.from_dlpack(yt.contiguous()))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [32, 1000, 4096, 40000])
+def test_not_less_accurate_than_torch(rng, op, dtype, cols):
+    x, xh = random_input(rng, (64, cols), dtype, scale=5.0, loc=2.0)
+    w, b, wh, bh = affine(rng, op, (cols,), dtype)
+    ref = reference(op, xh, -1, wh, bh)[0]
+    ours = rel_err(cupy.asnumpy(call(op, x, w, b)), ref)
+    theirs = rel_err(_torch_norm(op, x, w, b), ref)
     # The error of the float64 reference rounded once to the dtype: no implementation that
     # returns this dtype can do better (up to rounding ties).
     best = rel_err(ref.astype(dtype), ref)
@@ -886,6 +897,26 @@ def test_not_less_accurate_than_torch(rng, op, dtype, cols):
     if dtype.itemsize == 2:
         ok = ok or ours <= best + 1e-6
     assert ok, f"cunorm {ours:.3g} vs torch {theirs:.3g} (rounded reference {best:.3g})"
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("cols,rows", [(32, 16384), (1000, 1024)])
+def test_float32_typical_row_error_below_torch(rng, op, cols, rows):
+    """The typical float32 row error, not only the largest: the mean over many rows of each
+    row's relative error, ours against torch's on the same input. The largest error of one
+    draw (test_not_less_accurate_than_torch) races two error distributions' tails, which lie
+    close; this mean moves by about 1% from draw to draw, and ours lies 3-12% below torch's
+    (H200, 8 draws, 32 / 1000 columns: layer_norm 0.88-0.89 / 0.91-0.94 of torch's,
+    rms_norm 0.93-0.94 / 0.94-0.97; rms_norm at 1000 columns was 1.13-1.17 before norm.cu
+    rounded the statistics once, benchmarks/results/nvidia-h200-2026-11-26-rstd-rounding-
+    profile.txt)."""
+    dtype = np.dtype(np.float32)
+    x, xh = random_input(rng, (rows, cols), dtype, scale=5.0, loc=2.0)
+    w, b, wh, bh = affine(rng, op, (cols,), dtype)
+    ref = reference(op, xh, -1, wh, bh)[0]
+    ours = row_errs(cupy.asnumpy(call(op, x, w, b)), ref).mean()
+    theirs = row_errs(_torch_norm(op, x, w, b), ref).mean()
+    assert ours <= theirs, f"mean row error: cunorm {ours:.4g} vs torch {theirs:.4g}"
 
 
 # --- frameworks -------------------------------------------------------------------------
