@@ -140,9 +140,11 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   // 100000 cols 1.52 -> 1.41 (1.66), 1.58 -> 1.43 (1.61), 1.60 -> 1.49 (1.56), 1.78 -> 1.62
   // (1.82); rms_norm 1000 / 40000 cols 1.68 -> 1.32 (1.46), 1.40 -> 1.41 (1.51). Mean row
   // error against torch's, 1000 columns, layer_norm 0.98 -> 0.92, rms_norm 1.15 -> 0.95.
-  // Bandwidth 0 to -0.6% (layer_norm 64-256 cols, whose warps finish many rows). 16-bit
-  // results round far coarser and keep the cheaper forms; float64 rows gained less than
-  // they lost (-1.4% at 128 cols: their error lies in the sums). The streaming path's double
+  // Cost, (49152, cols) in one process: layer_norm -2.3% and rms_norm and the residual forms
+  // -1.2% at 32 cols (the finish's ~10 more dependent instructions show in a 4 us kernel),
+  // -0.4% at 5120-8192, none measurable elsewhere. 16-bit results round far coarser and keep
+  // the cheaper forms; float64 rows gained less than they lost (-1.4% at 128 cols: their
+  // error lies in the sums). The streaming path's double
   // statistics are as before (benchmarks/results/nvidia-h200-2026-11-26-rstd-rounding-
   // profile.txt).
   static constexpr bool kRoundStatsOnce = sizeof(SRC) == 4;
