@@ -179,28 +179,27 @@ template <> struct Math<double> {
   static __device__ __forceinline__ double inf() { return __longlong_as_double(0x7ff0000000000000ll); }
 };
 
-// 1/sqrt(x) rounded once for all but about 1 float input in 5 million (H200: 3 of 2^24
-// log-uniform inputs in [e^-40, e^40] differ from the double result rounded to float, where
-// rsqrtf alone, up to 2 ulps off, differs on 22%): Math<C>::rsqrt and one Newton step on the
-// residual 1 - x y^2, with y^2 carried as a pair so that the step's only rounding is its
-// last. Where y^2 would leave the normal range, Math<C>::rsqrt's value.
-template <typename C> __device__ __forceinline__ C rsqrt_rn(C x) {
-  const C y = Math<C>::rsqrt(x);
-  constexpr C kBound = sizeof(C) == 4 ? C(1e15f) : C(1e150);
-  if (!(y > C(1) / kBound && y < kBound)) return y;
-  const C yy = y * y;
-  const C yy_lo = fma(y, y, -yy);
-  const C residual = fma(-x, yy_lo, fma(-x, yy, C(1)));
-  return fma(C(0.5) * y, residual, y);
+// 1/sqrt(x) rounded once for all but about 1 input in 5 million (H200: 3 of 2^24 log-uniform
+// inputs in [e^-40, e^40] differ from the double result rounded to float, where rsqrtf alone,
+// up to 2 ulps off, differs on 22%): rsqrtf and one Newton step on the residual 1 - x y^2,
+// with y^2 carried as a float pair so that the step's only rounding is its last. Where y^2
+// would leave the normal range, rsqrtf's value.
+__device__ __forceinline__ float rsqrt_rn(float x) {
+  const float y = ::rsqrtf(x);
+  if (!(y > 1e-15f && y < 1e15f)) return y;
+  const float yy = y * y;
+  const float yy_lo = fmaf(y, y, -yy);
+  const float residual = fmaf(-x, yy_lo, fmaf(-x, yy, 1.0f));
+  return fmaf(0.5f * y, residual, y);
 }
 // s / n rounded once (but at near-ties) from inv_n, a reciprocal of n within an ulp or two:
 // the quotient s * inv_n corrected by its residual s - q n, which one fma forms exactly. Two
 // instructions where s / n also takes a slow-path branch. A non-finite quotient is returned
 // as it is.
-template <typename C> __device__ __forceinline__ C div_rn(C s, C n, C inv_n) {
-  const C q = s * inv_n;
-  if (!(q - q == C(0))) return q;
-  return fma(fma(-q, n, s), inv_n, q);
+__device__ __forceinline__ float div_rn(float s, float n, float inv_n) {
+  const float q = s * inv_n;
+  if (!(q - q == 0.0f)) return q;
+  return fmaf(fmaf(-q, n, s), inv_n, q);
 }
 // The exponential an output type needs: float32/float64 outputs use the accurate library
 // exp (their error budget is 2e-6 / 1e-12 and must not exceed PyTorch's); 16-bit outputs use

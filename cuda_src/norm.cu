@@ -144,10 +144,9 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   // -1.2% at 32 cols (the finish's ~10 more dependent instructions show in a 4 us kernel),
   // -0.4% at 5120-8192, none measurable elsewhere. 16-bit results round far coarser and keep
   // the cheaper forms; float64 rows gained less than they lost (-1.4% at 128 cols: their
-  // error lies in the sums). The streaming path's double
-  // statistics are as before (benchmarks/results/nvidia-h200-2026-11-26-rstd-rounding-
-  // profile.txt).
-  static constexpr bool kRoundStatsOnce = sizeof(SRC) == 4;
+  // error lies in the sums). The streaming path's double statistics are as before
+  // (benchmarks/results/nvidia-h200-2026-11-26-rstd-rounding-profile.txt).
+  static constexpr bool kRoundStatsOnce = sizeof(SRC) == 4;  // float32 data: C is float
   __device__ __forceinline__ Fin finish(C mean, A s2, i64 cols) const {
     const C n = static_cast<C>(cols);
     const C inv_n = Math<C>::rcp(n);
