@@ -1032,14 +1032,6 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
 // the scores (lane j: the dot product of the row with key j of a 32-key tile held in shared
 // memory) and head-dim columns for the output (lane c: columns c, c + 32, ...). DPL = columns
 // per lane = ceil(max(D, Dv) / 32).
-// a + b rounded, its rounding error added to err (Knuth's TwoSum: exact for any a, b).
-template <typename C> __device__ __forceinline__ C two_sum_into(C a, C b, C& err) {
-  const C s = a + b;
-  const C bb = s - a;
-  err += (a - (s - bb)) + (b - bb);
-  return s;
-}
-
 template <typename T, int DPL>
 __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
   CUNORM_ATTN_UNPACK;
@@ -1246,16 +1238,6 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
 // every key masked) are skipped; a row with none left gives 0 and -inf.
 constexpr int kMaxSplits = 128;  // _attn_dispatch.MAX_SPLITS
 constexpr int MAX_HEAD_DIM_ATTN = 256;  // _attn_dispatch.MAX_HEAD_DIM
-
-// A sum and the rounding error of its additions (TwoSum), as block_all_reduce's value.
-template <typename P> struct CompensatedSumOp {
-  static __device__ __forceinline__ Sum2<P> apply(Sum2<P> x, Sum2<P> y) {
-    P err = x.b + y.b;
-    const P s = two_sum_into(x.a, y.a, err);
-    return {s, err};
-  }
-  static __device__ __forceinline__ Sum2<P> identity() { return {P(0), P(0)}; }
-};
 
 // attn_combine's scalar arguments, passed by value as one parameter: a CuPy launch costs
 // ~0.5 us of host time per argument (tools/gpu_profile.py launch-cost on an H200: 38

@@ -195,11 +195,18 @@ __device__ __forceinline__ float rsqrt_rn(float x) {
 // s / n rounded once (but at near-ties) from inv_n, a reciprocal of n within an ulp or two:
 // the quotient s * inv_n corrected by its residual s - q n, which one fma forms exactly. Two
 // instructions where s / n also takes a slow-path branch. A non-finite quotient is returned
-// as it is.
-__device__ __forceinline__ float div_rn(float s, float n, float inv_n) {
-  const float q = s * inv_n;
-  if (!(q - q == 0.0f)) return q;
-  return fmaf(fmaf(-q, n, s), inv_n, q);
+// as it is. float or double.
+template <typename C> __device__ __forceinline__ C div_rn(C s, C n, C inv_n) {
+  const C q = s * inv_n;
+  if (!(q - q == C(0))) return q;
+  return fma(fma(-q, n, s), inv_n, q);
+}
+// a + b rounded, its rounding error added to err (Knuth's TwoSum: exact for any a, b).
+template <typename C> __device__ __forceinline__ C two_sum_into(C a, C b, C& err) {
+  const C s = a + b;
+  const C bb = s - a;
+  err += (a - (s - bb)) + (b - bb);
+  return s;
 }
 // The exponential an output type needs: float32/float64 outputs use the accurate library
 // exp (their error budget is 2e-6 / 1e-12 and must not exceed PyTorch's); 16-bit outputs use
@@ -702,10 +709,12 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
 // max ignores a NaN operand (one instruction); a NaN in a row still reaches the result through
 // the sum of exponentials, exp(NaN - m) = NaN.
 template <typename C> struct MaxOp {
+  static constexpr bool kCommutes = true;
   static __device__ __forceinline__ C apply(C a, C b) { return Math<C>::max(a, b); }
   static __device__ __forceinline__ C identity() { return -Math<C>::inf(); }
 };
 template <typename C> struct SumOp {
+  static constexpr bool kCommutes = true;
   static __device__ __forceinline__ C apply(C a, C b) { return a + b; }
   static __device__ __forceinline__ C identity() { return C{}; }
 };
@@ -728,6 +737,38 @@ template <typename C> __device__ __forceinline__ C shfl_xor(C v, int mask, int w
 }
 template <typename T> __device__ __forceinline__ Sum2<T> shfl_xor(Sum2<T> v, int mask, int width) {
   return {shfl_xor(v.a, mask, width), shfl_xor(v.b, mask, width)};
+}
+
+// A sum and the rounding error of its additions (TwoSum), as a reduction op over Sum2<P>
+// values (value, error): attention's softmax denominators and ClusterMail's compensated fold.
+template <typename P> struct CompensatedSumOp {
+  static constexpr bool kCommutes = true;  // TwoSum's error is exact, whatever the order
+  static __device__ __forceinline__ Sum2<P> apply(Sum2<P> x, Sum2<P> y) {
+    P err = x.b + y.b;
+    const P s = two_sum_into(x.a, y.a, err);
+    return {s, err};
+  }
+  static __device__ __forceinline__ Sum2<P> identity() { return {P(0), P(0)}; }
+};
+
+// The fold under R of the GROUP values held by GROUP consecutive lanes (lane i holding the
+// i-th of them), returned in every lane: a butterfly whose every step applies R to the lower
+// lane's value first, so both lanes of a pair, and every group holding the same values, get
+// the same bits even where R is not commutative (CombineOp's merge). Each value passes
+// through log2(GROUP) operations, not up to GROUP - 1 as in a chain: ClusterMail folds its
+// slots this way, in registers a chain would spend (a tree in one thread had ptxas load all
+// 16 slots of a float64 layer_norm cluster at once: 70 -> 108 registers, -21% bandwidth).
+template <class R, int GROUP, typename V> __device__ __forceinline__ V group_fold(V v) {
+#pragma unroll
+  for (int mask = GROUP / 2; mask > 0; mask /= 2) {
+    const V other = shfl_xor(v, mask, GROUP);
+    if constexpr (R::kCommutes) {
+      v = R::apply(v, other);
+    } else {
+      v = (threadIdx.x & mask) ? R::apply(other, v) : R::apply(v, other);
+    }
+  }
+  return v;
 }
 
 // All-reduce over groups of GROUP consecutive lanes (GROUP a power of two <= 32).
@@ -872,6 +913,19 @@ template <typename A> struct SumSq {
     return o;
   }
 };
+// The states' lane exchange as a free function, as for values (group_fold).
+template <typename C, typename E>
+__device__ __forceinline__ MaxSum<C, E> shfl_xor(const MaxSum<C, E>& v, int mask, int width) {
+  return v.shfl_xor(mask, width);
+}
+template <typename A>
+__device__ __forceinline__ MeanM2<A> shfl_xor(const MeanM2<A>& v, int mask, int width) {
+  return v.shfl_xor(mask, width);
+}
+template <typename A>
+__device__ __forceinline__ SumSq<A> shfl_xor(const SumSq<A>& v, int mask, int width) {
+  return v.shfl_xor(mask, width);
+}
 
 template <int GROUP, typename S>
 __device__ __forceinline__ S group_all_reduce_state(S v) {
@@ -996,7 +1050,7 @@ __device__ __forceinline__ void mail_wait(unsigned long long* bar, unsigned pari
 // Cluster all-reduce by message (sm_90). Each block posts its block-reduced value to every
 // block of the cluster (itself included) with st.async, which counts the bytes on the
 // receiving block's mbarrier; a block then waits only until the CLUSTER values addressed to it
-// have landed, and every thread folds them in rank order (the same bits in every block). It
+// have landed, and every thread folds them in one fixed order (the same bits in every block). It
 // replaced a cluster-wide barrier followed by CLUSTER remote loads per thread: on H200 the
 // smem-cluster rows of 65536-262144 columns ran 1.18-1.32x faster (softmax float16 262144:
 // 3033 -> 3850 GB/s; benchmarks/results/*-cluster-mail-profile.txt).
@@ -1013,25 +1067,45 @@ struct MailBar {
   __device__ __forceinline__ void open() { mail_init(&bar); }
 };
 
+// How ClusterMail folds a cluster's CLUSTER partial results. kChain: in rank order, one
+// value after another (the fewest registers: the butterfly made ptxas spill 8-28 bytes in
+// the 16-bit and float32 residual cluster kernels, capped at 32-40 registers, and cost them
+// up to 6%). kTree: group_fold, each value through log2(CLUSTER) roundings. kCompensated:
+// a sum of doubles as a tree whose additions carry their rounding errors (TwoSum), the error
+// of a sum of CLUSTER partial sums left to the final addition; other reductions as kTree.
+// The fold's cost is paid once a row; which a kernel uses is its op's kFold, measured there.
+enum class Fold { kChain, kTree, kCompensated };
+
 template <typename V, int CLUSTER> struct ClusterMail : MailBar {
   V slot[CLUSTER];
   // All threads: post v (threads 0 .. CLUSTER - 1, one peer each), then the fold of the
   // CLUSTER slots under R once they have all arrived.
-  template <class R> __device__ __forceinline__ V exchange(const V& v, unsigned k) {
+  // FOLD: how the slots fold (Fold).
+  template <class R, Fold FOLD = Fold::kChain>
+  __device__ __forceinline__ V exchange(const V& v, unsigned k) {
     const unsigned rank = Cluster<CLUSTER>::rank();
     if (threadIdx.x == 0) mail_expect(&bar, CLUSTER * static_cast<unsigned>(sizeof(V)));
     if (threadIdx.x < CLUSTER) mail_post<CLUSTER>(&slot[rank], threadIdx.x, v, &bar);
     mail_wait(&bar, k & 1u);
-    V r = slot[0];
+    const V mine = slot[threadIdx.x % CLUSTER];
+    if constexpr (FOLD == Fold::kCompensated && IsSame<R, SumOp<double>>::value) {
+      const Sum2<V> r = group_fold<CompensatedSumOp<V>, CLUSTER>(Sum2<V>{mine, V(0)});
+      return r.a - r.a == V(0) ? r.a + r.b : r.a;  // an infinite sum's error is NaN
+    } else if constexpr (FOLD != Fold::kChain) {
+      return group_fold<R, CLUSTER>(mine);
+    } else {
+      V r = slot[0];
 #pragma unroll
-    for (int p = 1; p < CLUSTER; ++p) r = R::apply(r, slot[p]);
-    return r;
+      for (int p = 1; p < CLUSTER; ++p) r = R::apply(r, slot[p]);
+      return r;
+    }
   }
 };
 // The mail of a one-block "cluster": nothing to exchange.
 template <typename V> struct ClusterMail<V, 1> {
   __device__ __forceinline__ void open() {}
-  template <class R> __device__ __forceinline__ V exchange(const V& v, unsigned) { return v; }
+  template <class R, Fold FOLD = Fold::kChain>
+  __device__ __forceinline__ V exchange(const V& v, unsigned) { return v; }
 };
 
 // Opens a kernel's mail (the ClusterMail lifetime): thread 0 initializes each mbarrier, then
@@ -1043,6 +1117,7 @@ template <int CLUSTER, class... MAIL> __device__ __forceinline__ void open_mail(
 
 // An online state's merge as a reduction op (ClusterMail::exchange).
 template <typename S> struct CombineOp {
+  static constexpr bool kCommutes = false;
   static __device__ __forceinline__ S apply(const S& a, const S& b) { return S::combine(a, b); }
 };
 

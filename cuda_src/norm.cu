@@ -76,6 +76,12 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   static constexpr bool kOnePassSmem =
       kOnePass || (!RMS && sizeof(C) == 4 && CUNORM_NORM_SMEM_ONE_EXCHANGE);
   static constexpr bool kShiftHead = kOnePassSmem && sizeof(SRC) == 4;  // float32 layer_norm
+  // How a cluster folds its blocks' sums (common.cuh Fold): float64 rows as a tree, rms_norm's
+  // sum of squares compensated. The chain's up to 15 roundings of the running sum had left
+  // float64 rstd 15-25% further from the exact value than on one block (H200, long double
+  // reference): MEASURED PLACEHOLDER.
+  static constexpr Fold kFold =
+      sizeof(C) != 8 ? Fold::kChain : RMS ? Fold::kCompensated : Fold::kTree;
   static constexpr bool kZeroPad = true;  // pad() is 0, what a zeroed raw pack converts to
   static constexpr bool kPadSafe = RMS;  // 0 adds nothing to a sum of squares; it does to
                                          // the sums of deviations
@@ -142,16 +148,18 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   // error against torch's, 1000 columns, layer_norm 0.98 -> 0.92, rms_norm 1.15 -> 0.95.
   // Cost, (49152, cols) in one process: layer_norm -2.3% and rms_norm and the residual forms
   // -1.2% at 32 cols (the finish's ~10 more dependent instructions show in a 4 us kernel),
-  // -0.4% at 5120-8192, none measurable elsewhere. 16-bit results round far coarser and keep
-  // the cheaper forms; float64 rows gained less than they lost (-1.4% at 128 cols: their
-  // error lies in the sums). The streaming path's double statistics are as before
-  // (benchmarks/results/nvidia-h200-2026-11-26-rstd-rounding-profile.txt).
-  static constexpr bool kRoundStatsOnce = sizeof(SRC) == 4;  // float32 data: C is float
+  // -0.4% at 5120-8192, none measurable elsewhere (benchmarks/results/nvidia-h200-2026-11-
+  // 26-rstd-rounding-profile.txt). float64 data round the means once too (where n is not a
+  // power of two, s * inv_n rounds twice): MEASURED PLACEHOLDER. Their rsqrt is the library's
+  // double rsqrt, whose results a Newton step left unchanged in every measured draw. 16-bit
+  // results round far coarser and keep the cheaper forms.
+  static constexpr bool kRoundMeansOnce = sizeof(SRC) >= 4;  // float32 and float64 data
+  static constexpr bool kRoundRstdOnce = sizeof(SRC) == 4;  // float32 data: C is float
   __device__ __forceinline__ Fin finish(C mean, A s2, i64 cols) const {
     const C n = static_cast<C>(cols);
     const C inv_n = Math<C>::rcp(n);
     const auto mean_of = [&](C sum) {
-      if constexpr (kRoundStatsOnce) return div_rn(sum, n, inv_n);
+      if constexpr (kRoundMeansOnce) return div_rn(sum, n, inv_n);
       else return sum * inv_n;
     };
     Fin f;
@@ -165,7 +173,7 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
       var = fma(-f.lo, f.lo, mean_of(s2.b));
     }
     var = (var > C(0) || var != var) ? var : C(0);  // clamp rounding below 0, keep NaN
-    if constexpr (kRoundStatsOnce) {
+    if constexpr (kRoundRstdOnce) {
       f.rstd = rsqrt_rn(var + static_cast<C>(eps));
     } else {
       f.rstd = Math<C>::rsqrt(var + static_cast<C>(eps));
@@ -174,13 +182,14 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
     return f;
   }
   template <typename S> __device__ __forceinline__ Fin finish_online(const S& st, i64 cols) const {
-    const double inv_n = rcp_f64(static_cast<double>(cols));
+    const double n = static_cast<double>(cols);
+    const double inv_n = rcp_f64(n);
     double mean = 0.0, var;
     if constexpr (RMS) {
-      var = st.s * inv_n;
+      var = div_rn(st.s, n, inv_n);
     } else {
       mean = st.mean;
-      var = st.m2 * inv_n;
+      var = div_rn(st.m2, n, inv_n);
     }
     var = (var > 0.0 || var != var) ? var : 0.0;
     Fin f;

@@ -571,7 +571,8 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
         cache[p - pack_begin] = e;
       }
     }
-    return mail.template exchange<SumOp<A>>(block_all_reduce<SumOp<A>>(t2, scratch2), phase);
+    return mail.template exchange<SumOp<A>, OP::kFold>(
+        block_all_reduce<SumOp<A>>(t2, scratch2), phase);
   };
   // Each thread fills, reads and writes the same packs: its own cp.async wait makes them
   // visible to it, no block barrier is needed for the data.
@@ -617,13 +618,13 @@ __device__ __forceinline__ void rows_smem(const OP& op, const LOAD& load, const 
 #pragma unroll
         for (int i = 0; i < PACK; ++i) t = op.first(t, v[i]);
       }
-      s1 = op.middle(mail1.template exchange<typename OP::R1>(
+      s1 = op.middle(mail1.template exchange<typename OP::R1, OP::kFold>(
                          block_all_reduce<typename OP::R1>(t, scratch1), k),
                      cols);
     }
     A s2 = second_sum(s1, mail2, k, row);
     if constexpr (OP::kOnePassSmem) {
-      // cluster-uniform: the exchange folds the slots in rank order, the same bits everywhere
+      // cluster-uniform: the exchange folds the slots in one fixed order, the same bits everywhere
       if (op.redo(s2, cols)) {
         s1 = op.recenter(s1, s2, cols);
         s2 = second_sum(s1, mail1, k1++, row);
@@ -732,7 +733,8 @@ __device__ __forceinline__ void rows_uncached(const OP& op, const LOAD& load, co
       st.template add<kUnroll * PACK>(&v[0][0], nvalid);  // one merge per chunk
     }
     if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open
-    st = mail.template exchange<CombineOp<S>>(block_all_reduce_state(st, scratch), k);
+    st = mail.template exchange<CombineOp<S>, OP::kFold>(
+        block_all_reduce_state(st, scratch), k);
     const typename OP::Fin fin = op.finish_online(st, cols);
     if (threadIdx.x == 0 && rank == 0) op.write_stats(row, fin);
     for (i64 p0 = pack_begin + threadIdx.x; p0 < pack_end; p0 += kUnroll * step) {

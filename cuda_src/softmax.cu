@@ -47,6 +47,10 @@ template <typename C_, typename OUT, bool LOG> struct SoftmaxOp {
   static constexpr bool kOnePass = false;
   static constexpr bool kOnePassSmem = false;
   static constexpr bool kShiftHead = false;
+  // float64 rows: the cluster's partials fold as a tree (common.cuh Fold); H200, one
+  // process, against the chain: 20000 / 40000 / 131072 cols +0.7 / +2.9 / +1.2%, 262144
+  // (uncached) +7% (benchmarks/results/nvidia-h200-2026-11-27-f64-stats-profile.txt).
+  static constexpr Fold kFold = sizeof(C) == 8 ? Fold::kTree : Fold::kChain;
   static constexpr bool kZeroPad = false;
   static constexpr bool kPadSafe = true;
   // With float32/float64 input the cached raw packs can hold the exponentials: the write pass
