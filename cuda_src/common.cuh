@@ -755,9 +755,9 @@ template <typename P> struct CompensatedSumOp {
 // i-th of them), returned in every lane: a butterfly whose every step applies R to the lower
 // lane's value first, so both lanes of a pair, and every group holding the same values, get
 // the same bits even where R is not commutative (CombineOp's merge). Each value passes
-// through log2(GROUP) operations, not up to GROUP - 1 as in a chain: ClusterMail folds its
-// slots this way, in registers a chain would spend (a tree in one thread had ptxas load all
-// 16 slots of a float64 layer_norm cluster at once: 70 -> 108 registers, -21% bandwidth).
+// through log2(GROUP) operations, not up to GROUP - 1 as in a chain. ClusterMail's kTree
+// folds its slots this way rather than as a tree in each thread, for which ptxas loaded all
+// 16 slots of a float64 layer_norm cluster at once (70 -> 108 registers, -21% bandwidth).
 template <class R, int GROUP, typename V> __device__ __forceinline__ V group_fold(V v) {
 #pragma unroll
   for (int mask = GROUP / 2; mask > 0; mask /= 2) {

@@ -48,7 +48,7 @@ template <typename C_, typename OUT, bool LOG> struct SoftmaxOp {
   static constexpr bool kOnePassSmem = false;
   static constexpr bool kShiftHead = false;
   // float64 rows: the cluster's partials fold as a tree (common.cuh Fold); H200, one
-  // process, against the chain: 20000 / 40000 / 131072 cols +0.7 / +2.9 / +1.2%, 262144
+  // process, against the chain: 20000 / 40000 / 131072 cols +0.5 / +2.9 / +1.5%, 262144
   // (uncached) +7% (benchmarks/results/nvidia-h200-2026-11-27-f64-stats-profile.txt).
   static constexpr Fold kFold = sizeof(C) == 8 ? Fold::kTree : Fold::kChain;
   static constexpr bool kZeroPad = false;
