@@ -930,6 +930,8 @@ def test_float64_cluster_rstd_near_correctly_rounded(rng, op):
     if np.finfo(np.longdouble).nmant < 63:
         pytest.skip("numpy's long double is no wider than double here")
     cols, eps = 40000, DEFAULT_EPS[op]
+    if not can_force("cluster", cols, np.float64):
+        pytest.skip("no thread-block clusters on this device (sm_90 and later)")
     x, xh = random_input(rng, (256, cols), np.dtype(np.float64), scale=5.0, loc=2.0)
     w, b, _, _ = affine(rng, op, (cols,), np.dtype(np.float64))
     with _dispatch.force_path("cluster"):
