@@ -84,7 +84,7 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   // 1.67 / 1.67); rms_norm 1.53 / 1.56 / 1.47 / 1.49 -> 1.42 / 1.38 / 1.36 / 1.38 (1.43 /
   // 1.40 / 1.44 / 1.47); a plain tree left rms_norm at 1.52 / 1.50, the compensated fold
   // for layer_norm's pair of sums cost 12-15% (70 -> 88 registers). Same process: rms_norm
-  // +3% / +3% / +7% at 20000 / 40000 / 131072 cols, layer_norm -0.9% to +0.1%, at 262144
+  // +3% / +3% / +7% at 20000 / 40000 / 131072 cols, layer_norm -0.9% to +0.2%, at 262144
   // (uncached) +5% (benchmarks/results/nvidia-h200-2026-11-27-f64-stats-profile.txt).
   static constexpr Fold kFold =
       sizeof(C) != 8 ? Fold::kChain : RMS ? Fold::kCompensated : Fold::kTree;
@@ -157,11 +157,11 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   // -0.4% at 5120-8192, none measurable elsewhere (benchmarks/results/nvidia-h200-2026-11-
   // 26-rstd-rounding-profile.txt). float64 data round the means once too (where n is not a
   // power of two, s * inv_n rounds twice): rms_norm mean row error at 1000 / 40000 cols (the
-  // latter on the plain tree) 1.32 -> 1.30 / 1.50 -> 1.43 (x1e-16; torch 1.34 / 1.40), layer_norm at 32-128 cols
-  // -0.4% to -0.6% of bandwidth. Their rsqrt stays the library's: a Newton step changed no
-  // measured result and cost another 0.7%. Carrying var + eps as a pair into that step
-  // (rstd rounded once from the sums) gained 1-3% of error and cost the 32-128-column rows
-  // 4-5%. 16-bit results round far coarser and keep the cheaper forms.
+  // latter on the plain tree) 1.32 -> 1.30 / 1.50 -> 1.43 (x1e-16; torch 1.34 / 1.40), for
+  // -0.4% to -0.6% of layer_norm's bandwidth at 32-128 cols. Their rsqrt stays the library's:
+  // a Newton step changed no measured result and cost another 0.7%. Carrying var + eps as a
+  // pair into that step (rstd rounded once from the sums) gained 1-3% of error and cost the
+  // 32-128-column rows 4-5%. 16-bit results round far coarser and keep the cheaper forms.
   static constexpr bool kRoundMeansOnce = sizeof(SRC) >= 4;  // float32 and float64 data
   static constexpr bool kRoundRstdOnce = sizeof(SRC) == 4;  // float32 data: C is float
   __device__ __forceinline__ Fin finish(C mean, A s2, i64 cols) const {
