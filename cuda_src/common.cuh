@@ -751,14 +751,14 @@ template <typename P> struct CompensatedSumOp {
   static __device__ __forceinline__ Sum2<P> identity() { return {P(0), P(0)}; }
 };
 
-// The fold under R of the GROUP values held by GROUP consecutive lanes (lane i holding the
-// i-th of them), returned in every lane: a butterfly whose every step applies R to the lower
-// lane's value first, so both lanes of a pair, and every group holding the same values, get
-// the same bits even where R is not commutative (CombineOp's merge). Each value passes
-// through log2(GROUP) operations, not up to GROUP - 1 as in a chain. ClusterMail's kTree
-// folds its slots this way rather than as a tree in each thread, for which ptxas loaded all
-// 16 slots of a float64 layer_norm cluster at once (70 -> 108 registers, -21% bandwidth).
-template <class R, int GROUP, typename V> __device__ __forceinline__ V group_fold(V v) {
+// All-reduce over groups of GROUP consecutive lanes (GROUP a power of two <= 32), returned in
+// every lane: a butterfly whose every step applies R to the lower lane's value first, so both
+// lanes of a pair, and every group holding the same values, get the same bits even where R
+// is not commutative (CombineOp's merge; a commutative R takes the plain step). Each value
+// passes through log2(GROUP) operations, not up to GROUP - 1 as in a chain. ClusterMail's
+// kTree folds its slots this way rather than as a tree in each thread, for which ptxas loaded
+// all 16 slots of a float64 layer_norm cluster at once (70 -> 108 registers, -21% bandwidth).
+template <class R, int GROUP, typename V> __device__ __forceinline__ V group_all_reduce(V v) {
 #pragma unroll
   for (int mask = GROUP / 2; mask > 0; mask /= 2) {
     const V other = shfl_xor(v, mask, GROUP);
@@ -768,14 +768,6 @@ template <class R, int GROUP, typename V> __device__ __forceinline__ V group_fol
       v = (threadIdx.x & mask) ? R::apply(other, v) : R::apply(v, other);
     }
   }
-  return v;
-}
-
-// All-reduce over groups of GROUP consecutive lanes (GROUP a power of two <= 32).
-template <class R, int GROUP, typename C>
-__device__ __forceinline__ C group_all_reduce(C v) {
-#pragma unroll
-  for (int mask = GROUP / 2; mask > 0; mask /= 2) v = R::apply(v, shfl_xor(v, mask, GROUP));
   return v;
 }
 
@@ -913,7 +905,7 @@ template <typename A> struct SumSq {
     return o;
   }
 };
-// The states' lane exchange as a free function, as for values (group_fold).
+// The states' lane exchange as a free function, as for values (group_all_reduce).
 template <typename C, typename E>
 __device__ __forceinline__ MaxSum<C, E> shfl_xor(const MaxSum<C, E>& v, int mask, int width) {
   return v.shfl_xor(mask, width);
@@ -927,8 +919,17 @@ __device__ __forceinline__ SumSq<A> shfl_xor(const SumSq<A>& v, int mask, int wi
   return v.shfl_xor(mask, width);
 }
 
+// An online state's merge as a reduction op (group_all_reduce, ClusterMail::exchange).
+template <typename S> struct CombineOp {
+  static constexpr bool kCommutes = false;
+  static __device__ __forceinline__ S apply(const S& a, const S& b) { return S::combine(a, b); }
+};
+
+// A states' butterfly whose result is read in lane 0 only (block_all_reduce_state): the merge
+// in each lane's own order, without group_all_reduce's operand selects, which made two float32
+// uncached cluster kernels spill 12 bytes. Lane 0's bits are group_all_reduce's.
 template <int GROUP, typename S>
-__device__ __forceinline__ S group_all_reduce_state(S v) {
+__device__ __forceinline__ S group_reduce_state_to_lane0(S v) {
 #pragma unroll
   for (int mask = GROUP / 2; mask > 0; mask /= 2) v = S::combine(v, v.shfl_xor(mask, GROUP));
   return v;
@@ -940,13 +941,13 @@ __device__ __forceinline__ S block_all_reduce_state(S v, S* scratch) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
-  v = group_all_reduce_state<32>(v);
+  v = group_reduce_state_to_lane0<32>(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
     S w;
     if (lane < nwarps) w = scratch[lane]; else w.init();
-    w = group_all_reduce_state<32>(w);
+    w = group_reduce_state_to_lane0<32>(w);
     if (lane == 0) scratch[32] = w;
   }
   __syncthreads();
@@ -1070,7 +1071,7 @@ struct MailBar {
 // How ClusterMail folds a cluster's CLUSTER partial results. kChain: in rank order, one
 // value after another (the fewest registers: the butterfly made ptxas spill 8-28 bytes in
 // the 16-bit and float32 residual cluster kernels, capped at 32-40 registers, and cost them
-// up to 6%). kTree: group_fold, each value through log2(CLUSTER) roundings. kCompensated:
+// up to 6%). kTree: group_all_reduce, each value through log2(CLUSTER) roundings. kCompensated:
 // a sum of doubles as a tree whose additions carry their rounding errors (TwoSum), the error
 // of a sum of CLUSTER partial sums left to the final addition; other reductions as kTree.
 // The fold's cost is paid once a row; which a kernel uses is its op's kFold, measured there.
@@ -1089,10 +1090,10 @@ template <typename V, int CLUSTER> struct ClusterMail : MailBar {
     mail_wait(&bar, k & 1u);
     const V mine = slot[threadIdx.x % CLUSTER];
     if constexpr (FOLD == Fold::kCompensated && IsSame<R, SumOp<double>>::value) {
-      const Sum2<V> r = group_fold<CompensatedSumOp<V>, CLUSTER>(Sum2<V>{mine, V(0)});
+      const Sum2<V> r = group_all_reduce<CompensatedSumOp<V>, CLUSTER>(Sum2<V>{mine, V(0)});
       return r.a - r.a == V(0) ? r.a + r.b : r.a;  // an infinite sum's error is NaN
     } else if constexpr (FOLD != Fold::kChain) {
-      return group_fold<R, CLUSTER>(mine);
+      return group_all_reduce<R, CLUSTER>(mine);
     } else {
       V r = slot[0];
 #pragma unroll
@@ -1114,11 +1115,5 @@ template <int CLUSTER, class... MAIL> __device__ __forceinline__ void open_mail(
   if (threadIdx.x == 0) (mail.open(), ...);
   Cluster<CLUSTER>::arrive_relaxed();
 }
-
-// An online state's merge as a reduction op (ClusterMail::exchange).
-template <typename S> struct CombineOp {
-  static constexpr bool kCommutes = false;
-  static __device__ __forceinline__ S apply(const S& a, const S& b) { return S::combine(a, b); }
-};
 
 }  // namespace cunorm
