@@ -139,6 +139,7 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     MS st[PACK];
 #pragma unroll
     for (int j = 0; j < PACK; ++j) st[j].init();
+    const unsigned active_lanes = CACHE ? __ballot_sync(0xffffffffu, active) : 0u;
     if (active && CACHE) {
       // Cached: the slice streams into shared memory by cp.async (every pack in flight at
       // once), then the max and the sum come from shared memory. Each thread reads back only
@@ -191,6 +192,21 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
           for (int j = 0; j < PACK; ++j) st[j].m = MaxOp<C>::apply(st[j].m, v[j]);
         }
       }
+      // The lanes holding the same columns (TX apart, so all active or none) share their
+      // maxima before the sum pass, and their sums then add without the combine's rescaling
+      // (below), which took two exponentials a column and shuffle step: 48 a thread on
+      // 64-byte float16 tiles against the sum pass's 128. The sum pass is the longest phase
+      // of a cached block's life (per-block timeline: load 4.3 us, sum 4.6, exchange 1.5,
+      // store 3.1; float16 (16, 4096, 1024)). H200, one process, GB/s: float16 (16, 4096,
+      // 1024) 2955 -> 3080, (32, 4096, 1024) 3199 -> 3338, (4, 8192, 512) 1647 -> 1725,
+      // bfloat16 (16, 4096, 1024) 2911 -> 3026, float32 (8, 4096, 1024) 2650 -> 2822, float64
+      // (8, 2048, 1024) 1624 -> 1809 (benchmarks/results/nvidia-h200-2026-11-27-strided-
+      // sum-profile.txt).
+      for (int lanes = tx_count; lanes < 32; lanes *= 2) {
+#pragma unroll
+        for (int j = 0; j < PACK; ++j)
+          st[j].m = MaxOp<C>::apply(st[j].m, __shfl_xor_sync(active_lanes, st[j].m, lanes));
+      }
       each_held([&](i64, const C* v) {
 #pragma unroll
         for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
@@ -235,7 +251,13 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
     // its PACK columns serialized on bank conflicts and remote-load latency.
     for (int lanes = tx_count; lanes < 32; lanes *= 2) {
 #pragma unroll
-      for (int j = 0; j < PACK; ++j) st[j] = MS::combine(st[j], st[j].shfl_xor(lanes, 32));
+      for (int j = 0; j < PACK; ++j) {
+        if constexpr (CACHE) {
+          st[j].s += shfl_xor(st[j].s, lanes, 32);  // one max a column (the sum pass's)
+        } else {
+          st[j] = MS::combine(st[j], st[j].shfl_xor(lanes, 32));
+        }
+      }
     }
     if (ty % ty_per_warp == 0) {
 #pragma unroll
