@@ -207,16 +207,33 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
         for (int j = 0; j < PACK; ++j)
           st[j].m = MaxOp<C>::apply(st[j].m, __shfl_xor_sync(active_lanes, st[j].m, lanes));
       }
+      // No term tests for -inf (MS::term does): a column whose max is -inf holds only -inf
+      // (or NaN), so with 0 in place of its max every term is exp(-inf) = 0 (or NaN), and
+      // the max is put back after the pass (one bit a column). Same process, against the
+      // shuffled maxima alone: float16 (16, 4096, 1024) 3085 -> 3131 GB/s, bfloat16 3035 ->
+      // 3131, float32 (32, 21, 256, 256) 3524 -> 3808, (8, 4096, 1024) 2838 -> 2993.
+      unsigned no_max = 0;
+#pragma unroll
+      for (int j = 0; j < PACK; ++j) {
+        if (st[j].m == -Math<C>::inf()) {
+          no_max |= 1u << j;
+          st[j].m = C(0);
+        }
+      }
       each_held([&](i64, const C* v) {
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
+        for (int j = 0; j < PACK; ++j) st[j].s += ExpFor<C, DST>::exp(v[j] - st[j].m);
       });
 #pragma unroll 2
       for (i64 d = ds; d < d_end; d += ty_count) {
         C v[PACK];
         pack_to_compute<C>(load_pack<SRC, PACK>(slab + d * width), v);
 #pragma unroll
-        for (int j = 0; j < PACK; ++j) st[j].s += MS::term(v[j], st[j].m);
+        for (int j = 0; j < PACK; ++j) st[j].s += ExpFor<C, DST>::exp(v[j] - st[j].m);
+      }
+#pragma unroll
+      for (int j = 0; j < PACK; ++j) {
+        if (no_max >> j & 1u) st[j].m = -Math<C>::inf();
       }
     } else if (active) {
       // Uncached: online statistics over chunks of U dim rows, so loads overlap and each
