@@ -354,11 +354,14 @@ def test_special_values(op, dtype, cols):
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("dim", [5, 1000, 8192, 20000])
-def test_strided_special_values(path, op, dtype, dim):
+@pytest.mark.parametrize("inner", [16, 24])
+def test_strided_special_values(path, op, dtype, dim, inner):
     """Special values along a non-last axis, placed in either half of dim: the cached kernels
     fold a slice in chunks as their copies land (a chunk of -inf before finite values, a
-    later chunk raising the max or holding +inf), and the twice-read ones in runs of rows."""
-    inner = 16
+    later chunk raising the max or holding +inf), and the twice-read ones in runs of rows.
+    inner = 24 is no multiple of the tile's width (2-16 lanes of 16-byte packs), so lanes of
+    the last tile are inactive, and the cached path's shuffles of the maxima must leave them
+    out."""
     xh = (_rng(dim).standard_normal((2, dim, inner)) * 2).astype(dtype)
     half = dim // 2
     xh[0, half, 0] = np.nan            # NaN -> NaN column
@@ -370,6 +373,8 @@ def test_strided_special_values(path, op, dtype, dim):
     xh[0, :, 6] = np.linspace(-8, 8, dim)  # the max in the last row, raised chunk by chunk
     xh[0, :, 7] = 1e4 if dtype != np.float16 else 6e4  # constant large: uniform
     xh[0, ::2, 8] = -np.inf            # every other -inf
+    xh[0, :, 9] = -np.inf              # -inf and one NaN: no finite max -> NaN column
+    xh[0, half, 9] = np.nan
     ref = reference(xh, 1, op == "log_softmax")
     try:
         with _dispatch.force_path(path):
