@@ -111,6 +111,20 @@ template <> struct Math<float> {
   static __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
   static __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
 };
+// A row length known at compile time (rows.cuh rows_warp EXACT); it converts to i64 where a
+// count is taken, and rcp_cols folds its reciprocal to the correctly rounded constant (ptxas
+// keeps div.approx of constants).
+template <i64 N> struct FixedCols {
+  __host__ __device__ constexpr operator i64() const { return N; }
+};
+// 1 / n in the compute type, for the means of the row paths.
+template <typename C> __device__ __forceinline__ C rcp_cols(i64 n) {
+  return Math<C>::rcp(static_cast<C>(n));
+}
+template <typename C, i64 N> __device__ __forceinline__ C rcp_cols(FixedCols<N>) {
+  constexpr C kInv = C(1) / C(N);
+  return kInv;
+}
 // exp for double without the library's out-of-line slow path (whose call forces register
 // spills in unrolled kernels): Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, degree-12
 // Taylor polynomial (truncation < 2e-16 relative), 2^k applied in two halves so that results

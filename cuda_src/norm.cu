@@ -97,8 +97,8 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   C* rstd_out;
   static __device__ __forceinline__ C pad() { return C(0); }
   __device__ __forceinline__ C first(C s, C x) const { return s + x; }
-  __device__ __forceinline__ C middle(C s, i64 cols) const {
-    return s * Math<C>::rcp(static_cast<C>(cols));
+  template <typename N> __device__ __forceinline__ C middle(C s, N cols) const {
+    return s * rcp_cols<C>(cols);
   }
   // kOnePass / kOnePassSmem: whether the sums about s1 (0, or the head mean) are to be redone
   // about the mean they give, where it lies more than sqrt(ratio) standard deviations from s1
@@ -164,9 +164,9 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   // 32-128-column rows 4-5%. 16-bit results round far coarser and keep the cheaper forms.
   static constexpr bool kRoundMeansOnce = sizeof(SRC) >= 4;  // float32 and float64 data
   static constexpr bool kRoundRstdOnce = sizeof(SRC) == 4;  // float32 data: C is float
-  __device__ __forceinline__ Fin finish(C mean, A s2, i64 cols) const {
-    const C n = static_cast<C>(cols);
-    const C inv_n = Math<C>::rcp(n);
+  template <typename N> __device__ __forceinline__ Fin finish(C mean, A s2, N cols) const {
+    const C n = static_cast<C>(static_cast<i64>(cols));
+    const C inv_n = rcp_cols<C>(cols);
     const auto mean_of = [&](C sum) {
       if constexpr (kRoundMeansOnce) return div_rn(sum, n, inv_n);
       else return sum * inv_n;
@@ -257,10 +257,11 @@ __host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int 
              ? (src_bytes == 2 && rows >= 4 ? 6 : 8)
              : 4;
 }
-template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS>
+template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS,
+          bool EXACT>
 __global__ void __launch_bounds__(128, norm_warp_blocks(sizeof(SRC), PACK, COLS, ROWS))
     norm_warp(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>), false);
+  CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS, EXACT>), false);
 }
 
 // Resident 512-thread blocks the block kernels are compiled for, rows in full packs of at most

@@ -174,8 +174,11 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // ---------------------------------------------------------------------------------------
 // Warp path. Launch: 1-D block of blockDim.x threads (a multiple of 32), GROUP lanes per
 // row group, ROWS rows per group per step; grid-stride over row groups. COLS values per
-// thread; packs past `cols` are padding (one compare per pack, cheaper than a second
-// instantiation of every configuration). The row stays in registers, so both reductions cost
+// thread; packs past `cols` are padding (one compare per pack). EXACT kernels take rows of
+// exactly GROUP x COLS columns (no padding) in a grid with a group for every row group: the
+// compares, the row loop and the runtime 1/cols go (cunorm/_dispatch.py WARP_EXACT_FAMILIES:
+// H200, layer_norm bfloat16 512 columns +5.7%, most other rows +0.4-2.5%; nvidia-h200-2026-
+// 11-27-exact-warp-profile.txt). The row stays in registers, so both reductions cost
 // shuffles only.
 //
 // Where weight and bias are both present the STORE functor's type says so (AffineStore::
@@ -196,9 +199,10 @@ __device__ __forceinline__ void load_params(const STORE& store,
 __host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows) {
   return rows == 1 && group * cols >= 64 && group * cols <= 256;
 }
-template <int PACK, int COLS, int GROUP, int ROWS, class OP, class LOAD, class STORE>
+template <int PACK, int COLS, int GROUP, int ROWS, bool EXACT = false, class OP, class LOAD,
+          class STORE>
 __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const STORE& store,
-                                          i64 rows, i64 cols) {
+                                          i64 rows, i64 row_cols) {
   static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
   typedef typename OP::C C;
   typedef typename OP::A A;
@@ -211,8 +215,15 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   const int group_in_warp = (threadIdx.x % 32) / GROUP;
   const i64 warp = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const i64 step = static_cast<i64>(gridDim.x) * blockDim.x / 32 * ROWS_PER_WARP;
+  // EXACT: rows of exactly GROUP x COLS columns in a grid of a group a row group (one step, no
+  // row loop), so the columns, their predicates and 1/cols are compile-time constants.
+  const auto cols = [&] {
+    if constexpr (EXACT) return FixedCols<static_cast<i64>(GROUP) * COLS>{};
+    else return row_cols;
+  }();
   // Column of pack p: 32-bit, as on the block path (a warp-path row has at most 32 x 48).
   const unsigned ncols = static_cast<unsigned>(cols);
+  const auto in_row = [&](unsigned col) { return EXACT || col < ncols; };
   const auto pack_col = [&](int p) { return (static_cast<unsigned>(p) * GROUP + lane) * PACK; };
   // The row loop on STORE functor st: the one of with_known_params for the whole loop where
   // EARLY (whose parameter loads precede the loop's stores), else the kernel's, which takes
@@ -243,7 +254,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
             [&](int u) {
               const i64 row = row0 + u / NPACK;
               const unsigned col = pack_col(u % NPACK);
-              return PackAt<unsigned>{row, col, row < rows && col < ncols};
+              return PackAt<unsigned>{row, col, row < rows && in_row(col)};
             },
             [&](int u, const RawPack& v) { raw[u / NPACK][u % NPACK] = to_words(v); });
       } else if constexpr (STAGE > 1) {
@@ -255,7 +266,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
               load,
               [&](int p) {
                 const unsigned col = pack_col(p);
-                return PackAt<unsigned>{row0 + r, col, row0 + r < rows && col < ncols};
+                return PackAt<unsigned>{row0 + r, col, row0 + r < rows && in_row(col)};
               },
               [&](int p, const RawPack& v) { raw[r][p] = to_words(v); });
         }
@@ -265,7 +276,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 #pragma unroll
           for (int p = 0; p < NPACK; ++p) {
             const unsigned col = pack_col(p);
-            if (row0 + r < rows && col < ncols)
+            if (row0 + r < rows && in_row(col))
               raw[r][p] = to_words(load.template fetch<PACK>(row0 + r, col));
           }
         }
@@ -274,7 +285,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       if constexpr (EARLY) {
 #pragma unroll
         for (int p = 0; p < NPACK; ++p) {
-          if (pack_col(p) < ncols) prm[p] = st.template params<PACK>(pack_col(p));
+          if (in_row(pack_col(p))) prm[p] = st.template params<PACK>(pack_col(p));
         }
       }
 #pragma unroll
@@ -284,7 +295,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
           const unsigned col = pack_col(p);
           load.template convert<PACK, true>(from_words<RawPack>(raw[r][p]), buf[r] + p * PACK,
                                             row0 + r, col);
-          if (!OP::kZeroPad && (row0 + r >= rows || col >= ncols)) {
+          if (!OP::kZeroPad && (row0 + r >= rows || !in_row(col))) {
 #pragma unroll
             for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
           }
@@ -306,7 +317,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
         s2[r] = A{};
 #pragma unroll
         for (int p = 0; p < NPACK; ++p) {
-          const bool valid = OP::kPadSafe || pack_col(p) < ncols;
+          const bool valid = OP::kPadSafe || in_row(pack_col(p));
 #pragma unroll
           for (int i = 0; i < PACK; ++i) {
             const A t = op.second(buf[r][p * PACK + i], s1[r]);
@@ -340,7 +351,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 #pragma unroll
         for (int p = 0; p < NPACK; ++p) {
           const unsigned col = pack_col(p);
-          if (col < ncols && count > 0) {
+          if (in_row(col) && count > 0) {
 #pragma unroll
             for (int i = 0; i < PACK; ++i) buf[0][p * PACK + i] = fin[0].kept(buf[0][p * PACK + i]);
             st.template store<PACK>(buf[0] + p * PACK, row0, col, prm[p]);
@@ -351,7 +362,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 #pragma unroll
           for (int p = 0; p < NPACK; ++p) {
             const unsigned col = pack_col(p);
-            if (col < ncols) {
+            if (in_row(col)) {
               // (SPLIT false: with_known_params has split off weight and bias both present)
               known.template store_rows<PACK, ROWS, true, false>(buf[0] + p * PACK, COLS, row0,
                                                                  count, col);
@@ -359,6 +370,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
           }
         });
       }
+      if constexpr (EXACT) break;  // the grid has a group for every row group
     }
   };
   if constexpr (EARLY) {

@@ -351,10 +351,11 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
   BODY(SoftmaxOp<C, DST, LOG>(), DirectLoad<SRC, C, KEEP>(x, ldx), DirectStore<C, DST>(y, ldy),  \
        rows, cols)
 
-template <typename SRC, typename DST, bool LOG, int PACK, int COLS, int GROUP, int ROWS>
+template <typename SRC, typename DST, bool LOG, int PACK, int COLS, int GROUP, int ROWS,
+          bool EXACT>
 __global__ void __launch_bounds__(128, 4) softmax_warp(const SRC* x, DST* y, i64 rows, i64 cols,
                                                     i64 ldx, i64 ldy) {
-  CUNORM_SOFTMAX_ROWS((rows_warp<PACK, COLS, GROUP, ROWS>), false);
+  CUNORM_SOFTMAX_ROWS((rows_warp<PACK, COLS, GROUP, ROWS, EXACT>), false);
 }
 
 // Rows in full packs of at most 16 values a thread (rows.cuh CUNORM_BLOCK_BOUNDS): 32

@@ -124,6 +124,16 @@ WARP_SPREAD_ROWS = 4
 # 3718 -> 3771; rows of 32-256 cols within 1%. 32 threads lost 10-17% from 128 to 512 cols (32
 # resident blocks an SM, so at most 32 warps).
 WARP_BLOCK = 64
+# Families whose warp kernels have an exact variant (rows.cuh rows_warp EXACT): rows of
+# exactly the kernel's GROUP x COLS columns in full 16-byte packs, in a grid of a lane group per
+# row group, compile their column count, its predicates and 1/cols as constants and drop the
+# row loop (warp_exact). H200, 49152 rows, one process, three rounds, general -> exact
+# (benchmarks/results/nvidia-h200-2026-11-27-exact-warp-profile.txt): layer_norm bfloat16 512
+# cols +5.7%, float16 +1.7%, float32 +1.3%, 16-bit 64 +1.5-2.3%, 1024 +0.4-0.6%, rms_norm
+# +0.4-2.3%, the residual forms +0.4-1.9%, softmax and log_softmax -0.4% to +1.4%. Norm rows
+# without a residual that load their parameters with the row (warp_early_params) lost 2-6%
+# (layer_norm bfloat16 128 cols 2129 -> 1998 GB/s) and keep the general kernel.
+WARP_EXACT_FAMILIES = ("norm", "softmax")
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
@@ -549,6 +559,44 @@ def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
     return k * pack, 32, 1
 
 
+def warp_early_params(cfg: tuple[int, int, int]) -> bool:
+    """Whether the warp kernel of configuration ``cfg`` (:func:`warp_config`) loads a norm's
+    parameters with the row (rows.cuh warp_early_params, the same rule)."""
+    per_thread, group, rows_per_group = cfg
+    return rows_per_group == 1 and 64 <= group * per_thread <= 256
+
+
+def warp_exact(family: str, src: str, dst: str, pack: int, cols: int,
+               cfg: tuple[int, int, int], residual: bool = False) -> bool:
+    """Whether a warp-path row of ``cols`` columns on the configuration ``cfg`` (values per
+    thread, group width, rows per group; :func:`warp_config`) takes the exact kernel variant:
+    the row fills the group's full 16-byte packs (rows.cuh rows_warp EXACT), except norm rows
+    without a residual that load their parameters early (WARP_EXACT_FAMILIES).
+
+    Examples
+    --------
+    >>> warp_exact("norm", "float16", "float16", 8, 512, (16, 32, 1))
+    True
+    >>> warp_exact("norm", "float16", "float16", 8, 1000, (32, 32, 1))  # 24 columns of padding
+    False
+    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1))  # parameters early
+    False
+    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1), residual=True)
+    True
+    """
+    if family == "norm" and not residual and warp_early_params(cfg):
+        return False
+    return (family in WARP_EXACT_FAMILIES and full_packs(src, dst, pack)
+            and cfg[0] * cfg[1] == cols)
+
+
+def warp_kernel(family: str, head: str, pack: int, cfg: tuple[int, int, int],
+                exact: bool) -> str:
+    """The warp kernel's name for configuration ``cfg`` (:func:`warp_config`)."""
+    return (f"cunorm::{family}_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, {cfg[2]}, "
+            f"{_cbool(exact)}>")
+
+
 def full_packs(src: str, dst: str, pack: int) -> bool:
     """Whether ``pack``-element packs of a ``src -> dst`` row move 16 bytes on the wider side:
     the block kernels compiled for several resident blocks (rows.cuh CUNORM_BLOCK_BOUNDS)."""
@@ -658,10 +706,11 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         if cfg is None:
             raise ValueError(f"path 'warp' cannot hold cols={cols} in registers")
         per_thread, group, rows_per_group = cfg
-        name = f"cunorm::{family}_warp<{head}, {pack}, {per_thread}, {group}, {rows_per_group}>"
-        rows_per_block = WARP_BLOCK // group * rows_per_group
-        grid = min(_cdiv(rows, rows_per_block), MAX_GRID)
-        return LaunchPlan("warp", name, grid, WARP_BLOCK, 0)
+        blocks = _cdiv(rows, WARP_BLOCK // group * rows_per_group)
+        # the exact variant has no row loop: only where the grid covers every row
+        exact = warp_exact(family, src, dst, pack, cols, cfg, residual) and blocks <= MAX_GRID
+        return LaunchPlan("warp", warp_kernel(family, head, pack, cfg, exact),
+                          min(blocks, MAX_GRID), WARP_BLOCK, 0)
     if path == "block":
         if rows > BLOCK_MAX_ROWS:
             raise ValueError(f"path 'block' takes at most {BLOCK_MAX_ROWS} rows, got {rows}")
@@ -1037,8 +1086,9 @@ def all_kernel_names(arch: int) -> list[str]:
                 cfg = warp_config(cols, pack, cbytes, family,
                                   narrow_groups(src, dst, pack, cols, residual))
                 if cfg is not None:
-                    names.add(f"cunorm::{family}_warp<{head}, {pack}, {cfg[0]}, {cfg[1]}, "
-                              f"{cfg[2]}>")
+                    names.add(warp_kernel(family, head, pack, cfg, False))
+                    if warp_exact(family, src, dst, pack, cols, cfg, residual):
+                        names.add(warp_kernel(family, head, pack, cfg, True))
             threads = block_threads(family, src, dst, pack)
             top = max(BLOCK_THREADS[-1] * BLOCK_MAX_VALUES[cbytes],
                       BLOCK_WIDE_THREADS[-1] * BLOCK_TARGET_VALUES)

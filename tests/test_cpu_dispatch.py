@@ -69,7 +69,7 @@ def warp_args(plan: d.LaunchPlan) -> tuple[int, int, int, int]:
     """(pack, values per thread, group width, rows per group) of a warp plan."""
     base, args = template_args(plan.kernel)
     assert plan.path == "warp" and base == "cunorm::softmax_warp", plan
-    assert len(args) == 7
+    assert len(args) == 8 and args[7] in ("true", "false")
     return int(args[3]), int(args[4]), int(args[5]), int(args[6])
 
 
@@ -179,7 +179,52 @@ def _warp_row_config(op: str, src: str, cols: int, align: int = 16,
     """(pack, values per thread, group width, rows per group) of a warp plan of any op."""
     plan = d.plan_rows(op, src, src, 4096, cols, align, H100, fake_occ(H100), "warp", residual)
     args = template_args(plan.kernel)[1]
-    return int(args[-4]), int(args[-3]), int(args[-2]), int(args[-1])
+    return int(args[-5]), int(args[-4]), int(args[-3]), int(args[-2])
+
+
+@pytest.mark.parametrize(("op", "residual"), [("softmax", False), ("log_softmax", False),
+                                               ("layer_norm", False), ("rms_norm", False),
+                                               ("layer_norm", True), ("rms_norm", True)])
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
+def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
+    """The warp path takes its exact kernel (rows.cuh rows_warp EXACT: no column predicates,
+    no row loop) exactly where the row fills the lane group's full 16-byte packs, and only in
+    a grid that covers every row; the kernels it names are compiled
+    (:func:`cunorm._dispatch.all_kernel_names`)."""
+    listed = set(d.all_kernel_names(90))
+    full = 16 // ITEMSIZE[src]
+    exact_cols = set()
+    for cols in range(1, 64 * full * 32 + 1):
+        for align in (1, full):
+            plan = d.plan_rows(op, src, src, 4096, cols, align, H100, fake_occ(H100), "warp",
+                               residual) if _fits_warp(op, src, cols, align, residual) else None
+            if plan is None:
+                continue
+            args = template_args(plan.kernel)[1]
+            pack, per_thread, group = int(args[-5]), int(args[-4]), int(args[-3])
+            exact = args[-1] == "true"
+            early = op in ("layer_norm", "rms_norm") and not residual and (
+                d.warp_early_params((per_thread, group, int(args[-2]))))
+            assert exact == (pack == full and per_thread * group == cols and not early), (
+                cols, align, plan)
+            assert plan.kernel in listed, plan.kernel
+            if exact:
+                exact_cols.add(cols)
+                assert pack == align
+    assert {512, 1024} <= exact_cols  # the powers of two ML rows take
+    # A grid that cannot cover every row keeps the row loop.
+    cols = 512
+    with d.override_constants({"MAX_GRID": 16}):
+        plan = d.plan_rows(op, src, src, 4096, cols, full, H100, fake_occ(H100), "warp",
+                           residual)
+    assert plan.grid == 16 and template_args(plan.kernel)[1][-1] == "false", plan
+
+
+def _fits_warp(op: str, src: str, cols: int, align: int, residual: bool) -> bool:
+    family = "softmax" if op in d.SOFTMAX_OPS else "norm"
+    pack = d.max_pack(cols, ITEMSIZE[src], align)
+    return d.warp_config(cols, pack, d.compute_bytes(src, src), family,
+                         d.narrow_groups(src, src, pack, cols, residual)) is not None
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm"])

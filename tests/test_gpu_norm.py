@@ -452,12 +452,50 @@ def test_register_caps_of_1024_column_rows(rng, op, dtype, residual, planned, mo
         assert plan.path == "block" and plan.kernel.endswith(", 8>"), plan
         assert occupancy(kern, 512, 0) >= (4 if op == "layer_norm" else 2), kern.num_regs
     else:
-        assert plan.path == "warp" and ", 32, 32, 1>" in plan.kernel, plan
+        assert plan.path == "warp" and ", 32, 32, 1, true>" in plan.kernel, plan
         assert occupancy(kern, 128, 0) >= 8, kern.num_regs
     if residual:
         assert same_bits(cupy.asnumpy(res[1]), hh)
     ref = reference(op, hh, weight=wh, bias=bh)[0]
     assert rel_err(cupy.asnumpy(y), ref) <= TOL[name]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [32, 64, 256, 768])
+def test_exact_warp_kernels_match_the_general_ones(rng, op, dtype, cols, residual, planned,
+                                                    monkeypatch):
+    """Rows that fill a warp kernel's packs run its exact variant (rows.cuh rows_warp EXACT:
+    compile-time columns, no row loop); on the same inputs, with statistics, a residual and
+    row counts that leave a block's last row groups empty, it writes what the general kernel
+    writes: the same bits where 1/cols is a power of two, else within the dtype's rounding
+    (the exact kernel's 1/cols is the correctly rounded constant)."""
+    name = np.dtype(dtype).name
+    for rows in (1, 37, 1001):
+        x, xh = random_input(rng, (rows, cols), dtype)
+        w, b, _, _ = affine(rng, op, (cols,), dtype)
+        kwargs = {"return_stats": True}
+        if residual:
+            kwargs["residual"] = random_input(rng, (rows, cols), dtype)[0]
+        outs = {}
+        for exact, families in ((True, _dispatch.WARP_EXACT_FAMILIES), (False, ())):
+            planned.clear()
+            with _dispatch.override_constants({"WARP_EXACT_FAMILIES": families}):
+                res = call(op, x, w, b, **kwargs)
+            assert planned[-1].path == "warp", planned
+            cfg = tuple(int(a) for a in planned[-1].kernel[:-1].split(", ")[-4:-1])
+            early = not residual and _dispatch.warp_early_params(cfg)
+            assert planned[-1].kernel.endswith(", true>") == (exact and not early), planned
+            outs[exact] = [cupy.asnumpy(a).astype(np.float64) for a in res]
+        for got, want in zip(outs[True], outs[False], strict=True):
+            assert not np.isnan(got).any(), (rows, "unwritten or NaN")
+            if cols & (cols - 1) == 0:
+                np.testing.assert_array_equal(got, want, err_msg=f"rows {rows}")
+            else:  # the suite's error measure: against the largest value
+                np.testing.assert_allclose(got, want, rtol=0,
+                                           atol=2 * TOL[name] * np.abs(want).max(),
+                                           err_msg=f"rows {rows}")
 
 
 @pytest.mark.parametrize("op", OPS)

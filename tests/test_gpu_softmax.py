@@ -95,6 +95,31 @@ def test_paths_agree_at_boundaries(op, dtype, cols):
                                    atol=2 * TOL[dtype.name] * np.abs(base).max(), err_msg=path)
 
 
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [32, 64, 256, 768])
+def test_exact_warp_kernels_match_the_general_ones(op, dtype, cols):
+    """Rows that fill a warp kernel's packs run its exact variant (rows.cuh rows_warp EXACT:
+    compile-time columns, no row loop); on row counts that leave a block's last row groups
+    empty it writes the same bits as the general kernel (softmax uses no 1/cols)."""
+    props = cunorm._device.device_props(0)
+    align = 16 // np.dtype(dtype).itemsize
+    for rows in (1, 37, 1001):
+        x, _ = random_input((rows, cols), dtype, seed=rows + cols)
+        outs = []
+        for families in (_dispatch.WARP_EXACT_FAMILIES, ()):
+            with _dispatch.override_constants({"WARP_EXACT_FAMILIES": families}):
+                plan = _dispatch.plan_rows(op, dtype.name, dtype.name, rows, cols, align, props,
+                                           lambda kernel, block, smem: 1)
+                assert plan.path == "warp" and plan.kernel.endswith(
+                    ", true>" if families else ", false>"), plan
+                out = cupy.full((rows, cols), np.nan, dtype)
+                getattr(cunorm, op)(x, out=out)
+            outs.append(cupy.asnumpy(out))
+        assert not np.isnan(outs[0].astype(np.float64)).any(), rows
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"rows {rows}")
+
+
 @pytest.mark.parametrize("path", ROW_PATHS)
 def test_forced_path_is_taken(path):
     cols = 3000
