@@ -825,6 +825,8 @@ template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
     return x == -Math<C>::inf() ? C(0) : E::exp(x - m);
   }
   // Fold N values (padding is -inf, which adds 0): one rescale per chunk, one exp per value.
+  // No value tests for -inf: exp(-inf - m) is 0 for any m above -inf, and where m is still
+  // -inf every value so far is -inf (or NaN), so the terms are taken about 0 instead.
   template <int N> __device__ __forceinline__ void add(const C* v, int = N) {
     C cm = v[0];
 #pragma unroll
@@ -833,8 +835,9 @@ template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
       s = s * term(m, cm);
       m = cm;
     }
+    const C base = m == -Math<C>::inf() ? C(0) : m;
 #pragma unroll
-    for (int i = 0; i < N; ++i) s += term(v[i], m);
+    for (int i = 0; i < N; ++i) s += E::exp(v[i] - base);
   }
   static __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
     MaxSum r;
