@@ -177,9 +177,10 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // thread; packs past `cols` are padding (one compare per pack). EXACT kernels take rows of
 // exactly GROUP x COLS columns (no padding) in a grid with a group for every row group: the
 // compares, the row loop and the runtime 1/cols go (cunorm/_dispatch.py WARP_EXACT_FAMILIES:
-// H200, layer_norm bfloat16 512 columns +5.7%, most other rows +0.4-2.5%; nvidia-h200-2026-
-// 11-27-exact-warp-profile.txt). The row stays in registers, so both reductions cost
-// shuffles only.
+// H200, layer_norm bfloat16 512 columns +5.7%, most other rows +0.4-2.5%; norm rows without
+// a residual that load their parameters early lost 2-6% and are not planned EXACT;
+// nvidia-h200-2026-11-27-exact-warp-profile.txt). The row stays in registers, so both
+// reductions cost shuffles only.
 //
 // Where weight and bias are both present the STORE functor's type says so (AffineStore::
 // with_known_params), so no pack tests them, and a 32-lane group of one row skips the row

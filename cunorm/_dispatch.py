@@ -129,10 +129,11 @@ WARP_BLOCK = 64
 # row group, compile their column count, its predicates and 1/cols as constants and drop the
 # row loop (warp_exact). H200, 49152 rows, one process, three rounds, general -> exact
 # (benchmarks/results/nvidia-h200-2026-11-27-exact-warp-profile.txt): layer_norm bfloat16 512
-# cols +5.7%, float16 +1.7%, float32 +1.3%, 16-bit 64 +1.5-2.3%, 1024 +0.4-0.6%, rms_norm
-# +0.4-2.3%, the residual forms +0.4-1.9%, softmax and log_softmax -0.4% to +1.4%. Norm rows
-# without a residual that load their parameters with the row (warp_early_params) lost 2-6%
-# (layer_norm bfloat16 128 cols 2129 -> 1998 GB/s) and keep the general kernel.
+# cols +4.9-5.7%, float16 +1.4-1.7%, float32 +1.3%, 16-bit 32-64 +1.5-2.5%, 1024 +0.4-0.8%,
+# rms_norm +0.4-2.4%, the residual forms +0.4-1.9%, softmax and log_softmax -0.7% to +4.3%
+# (16-bit 32 cols). Norm rows without a residual that load their parameters with the row
+# (warp_early_params) lost 2-6% (layer_norm bfloat16 128 cols 2129 -> 1998 GB/s) and keep
+# the general kernel.
 WARP_EXACT_FAMILIES = ("norm", "softmax")
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
