@@ -824,9 +824,11 @@ template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
   static __device__ __forceinline__ C term(C x, C m) {
     return x == -Math<C>::inf() ? C(0) : E::exp(x - m);
   }
+  // The value a sum's terms exp(x - base) are taken about, for a max m over them: m, or 0
+  // where m is -inf. exp(-inf - m) is 0 for any m above -inf, and a max of -inf means every
+  // value is -inf (or NaN), whose terms exp(x - 0) are 0 (or NaN): no term tests for -inf.
+  static __device__ __forceinline__ C sum_base(C m) { return m == -Math<C>::inf() ? C(0) : m; }
   // Fold N values (padding is -inf, which adds 0): one rescale per chunk, one exp per value.
-  // No value tests for -inf: exp(-inf - m) is 0 for any m above -inf, and where m is still
-  // -inf every value so far is -inf (or NaN), so the terms are taken about 0 instead.
   template <int N> __device__ __forceinline__ void add(const C* v, int = N) {
     C cm = v[0];
 #pragma unroll
@@ -835,7 +837,7 @@ template <typename C, typename E = ExpFor<C, C>> struct MaxSum {
       s = s * term(m, cm);
       m = cm;
     }
-    const C base = m == -Math<C>::inf() ? C(0) : m;
+    const C base = sum_base(m);
 #pragma unroll
     for (int i = 0; i < N; ++i) s += E::exp(v[i] - base);
   }
