@@ -574,7 +574,8 @@ template <> struct PairFromFloat<bf16_t> {
 // warp path a short row's with the row (rows.cuh warp_early_params). The compiler cannot move
 // a load above an earlier store to y by itself, as y might alias the parameters.
 // kParams: whether it has any. with_known_params(f) calls f with the functor, or with one
-// whose type says that all its parameters are present (AffineStore with weight and bias).
+// whose type says that all its parameters are present (AffineStore with weight and bias, or
+// rms_norm's with its weight).
 // AffineStore alone has prefetch_params(col), the L1 hint of rows.cuh rows_smem's PREFETCH.
 template <typename C, typename DST> struct DirectStore {
   DST* dst;
@@ -615,11 +616,17 @@ template <typename C, typename DST> struct DirectStore {
   }
 };
 
+// What an AffineStore's type says about its parameters: nothing (each store tests both
+// pointers), weight and bias both present, bias absent (rms_norm, which has none; the weight is
+// tested), weight present and bias absent.
+enum ParamsKnown { kParamsTested, kParamsBoth, kParamsNoBias, kParamsWeight };
+
 // Affine STORE functor (layer_norm / rms_norm): y = v * weight[col] + bias[col], either
 // parameter optional (a null pointer; the test is uniform across the block). The parameters
-// have the output's storage type and are read as packs; they stay in L1/L2 across rows. BOTH:
-// both parameters are known to be present (with_known_params), so no store tests them.
-template <typename C, typename DST, bool BOTH = false> struct AffineStore {
+// have the output's storage type and are read as packs; they stay in L1/L2 across rows. KNOWN
+// (ParamsKnown): what needs no test. rms_norm's kParamsNoBias drops the bias code from every
+// store: its weight-only rows had run the tested form, converting a zero bias per pack.
+template <typename C, typename DST, int KNOWN = kParamsTested> struct AffineStore {
   DirectStore<C, DST> out;
   const DST* weight;
   const DST* bias;
@@ -630,17 +637,32 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
   static constexpr bool kBatchParams = sizeof(DST) >= 4;
   template <int N> struct Params { Pack<DST, N> w, b; };
   __device__ AffineStore(DST* d, i64 l, const DST* w, const DST* b) : out(d, l), weight(w), bias(b) {}
-  __device__ __forceinline__ bool has_weight() const { return BOTH || weight != nullptr; }
-  __device__ __forceinline__ bool has_bias() const { return BOTH || bias != nullptr; }
-  // f(functor) with the functor for these parameters: where both are present, one whose type
-  // says so, for a caller that stores many packs (the warp path's row of up to 32 packs a
-  // lane, the shared-memory path's 16-bit slice) and so tests their presence once instead of
-  // at every pack: sm_90, float16 layer_norm 1024-column warp kernel, 578 instructions a row
-  // against Inductor's 342, ~24 a pack of them in the store phase's tests, branches and
-  // addresses (benchmarks/results/nvidia-h200-2026-11-23-warp-vs-inductor-profile.txt).
+  __device__ __forceinline__ bool has_weight() const {
+    return KNOWN == kParamsBoth || KNOWN == kParamsWeight || weight != nullptr;
+  }
+  __device__ __forceinline__ bool has_bias() const {
+    return KNOWN == kParamsBoth || (KNOWN == kParamsTested && bias != nullptr);
+  }
+  // f(functor) with the functor for these parameters: where all are present (weight and bias,
+  // or rms_norm's weight), one whose type says so, for a caller that stores many packs (the
+  // warp path's row of up to 32 packs a lane, the shared-memory path's 16-bit slice) and so
+  // tests their presence once instead of at every pack: sm_90, float16 layer_norm
+  // 1024-column warp kernel, 578 instructions a row against Inductor's 342, ~24 a pack of them
+  // in the store phase's tests, branches and addresses
+  // (benchmarks/results/nvidia-h200-2026-11-23-warp-vs-inductor-profile.txt).
   template <class F> __device__ __forceinline__ void with_known_params(const F& f) const {
-    if (!BOTH && weight != nullptr && bias != nullptr) {
-      f(AffineStore<C, DST, true>(out.dst, out.ld, weight, bias));
+    if constexpr (KNOWN == kParamsTested) {
+      if (weight != nullptr && bias != nullptr) {
+        f(AffineStore<C, DST, kParamsBoth>(out.dst, out.ld, weight, bias));
+      } else {
+        f(*this);
+      }
+    } else if constexpr (KNOWN == kParamsNoBias) {
+      if (weight != nullptr) {
+        f(AffineStore<C, DST, kParamsWeight>(out.dst, out.ld, weight, bias));
+      } else {
+        f(*this);
+      }
     } else {
       f(*this);
     }
@@ -700,7 +722,8 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
         }
       }
     };
-    if (BOTH || (SPLIT && weight != nullptr && bias != nullptr)) {
+    if (KNOWN == kParamsBoth ||
+        (SPLIT && KNOWN == kParamsTested && weight != nullptr && bias != nullptr)) {
       pack_to_compute<C, WORDS>(load_pack<DST, N>(weight + col), w);
       pack_to_compute<C, WORDS>(load_pack<DST, N>(bias + col), b);
       put();
@@ -711,8 +734,10 @@ template <typename C, typename DST, bool BOTH = false> struct AffineStore {
       w[i] = C(1);
       b[i] = C(0);
     }
-    if (weight != nullptr) pack_to_compute<C, WORDS>(load_pack<DST, N>(weight + col), w);
-    if (bias != nullptr) pack_to_compute<C, WORDS>(load_pack<DST, N>(bias + col), b);
+    if (KNOWN == kParamsWeight || weight != nullptr)
+      pack_to_compute<C, WORDS>(load_pack<DST, N>(weight + col), w);
+    if (KNOWN == kParamsTested && bias != nullptr)
+      pack_to_compute<C, WORDS>(load_pack<DST, N>(bias + col), b);
     put();
   }
 };

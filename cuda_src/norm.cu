@@ -233,7 +233,7 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
   op.eps = eps;                                                                             \
   op.mean_out = mean_out;                                                                   \
   op.rstd_out = rstd_out;                                                                   \
-  const AffineStore<C, SRC> store(y, ldy, weight, bias);                                    \
+  const AffineStore<C, SRC, RMS ? kParamsNoBias : kParamsTested> store(y, ldy, weight, bias); \
   if constexpr (RESIDUAL) {                                                                 \
     BODY(op, ResidualLoad<SRC, C, KEEP>(x, ldx, res, ldr, h, ldh), store, rows, cols);      \
   } else {                                                                                  \
