@@ -177,12 +177,12 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // thread; packs past `cols` are padding (one compare per pack). EXACT kernels take rows of
 // exactly GROUP x COLS columns (no padding) in a grid with a group for every row group: the
 // compares, the row loop and the runtime 1/cols go (cunorm/_dispatch.py WARP_EXACT_FAMILIES:
-// H200, layer_norm bfloat16 512 columns +5.7%, most other rows +0.4-2.5%; norm rows without
-// a residual that load their parameters early lost 2-6% and are not planned EXACT;
-// nvidia-h200-2026-11-27-exact-warp-profile.txt). The row stays in registers, so both
-// reductions cost shuffles only.
+// H200, layer_norm bfloat16 512 columns +5.7%, most other rows +0.4-2.5%; layer_norm rows
+// without a residual that load their parameters early lost 2-6% and are not planned EXACT,
+// nor float64 rms_norm's; nvidia-h200-2026-11-27-exact-warp-profile.txt). The row stays in
+// registers, so both reductions cost shuffles only.
 //
-// Where weight and bias are both present the STORE functor's type says so (AffineStore::
+// Where the parameters are all present the STORE functor's type says so (AffineStore::
 // with_known_params), so no pack tests them, and a 32-lane group of one row skips the row
 // test: sm_90, float16 layer_norm 1024 columns, a pack's store went from ~56 SASS instructions
 // to 36. Rows of at most 256 columns on one row a group (warp_early_params: the group's
@@ -364,7 +364,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
           for (int p = 0; p < NPACK; ++p) {
             const unsigned col = pack_col(p);
             if (in_row(col)) {
-              // (SPLIT false: with_known_params has split off weight and bias both present)
+              // (SPLIT false: with_known_params has split off the parameters all present)
               known.template store_rows<PACK, ROWS, true, false>(buf[0] + p * PACK, COLS, row0,
                                                                  count, col);
             }

@@ -114,7 +114,7 @@ WARP_GROUP_KEEP_TINY = {"softmax": ((8, 8),)}
 # nvidia-h200-2026-11-26-spread-rows-profile.txt): layer_norm float16 64 1399 -> 1478,
 # bfloat16 1389 -> 1501, rms_norm float16 1456 -> 1530, bfloat16 1446 -> 1524, with a residual
 # +1.3-3.8%.
-WARP_SPREAD_PACKS = {"norm": 8}
+WARP_SPREAD_PACKS = {"norm": (8,)}
 WARP_SPREAD_ROWS = 4
 # Threads per block of the warp kernels (compiled __launch_bounds__(128, n): at most 128). A
 # block holds its SM slot until its last warp ends; two warps a block free it sooner than four.
@@ -132,8 +132,12 @@ WARP_BLOCK = 64
 # cols +4.9-5.7%, float16 +1.4-1.7%, float32 +1.3%, 16-bit 32-64 +1.5-2.5%, 1024 +0.4-0.8%,
 # rms_norm +0.4-2.4%, the residual forms +0.4-1.9%, softmax and log_softmax -0.7% to +4.3%
 # (16-bit 32 cols). Norm rows without a residual that load their parameters with the row
-# (warp_early_params) lost 2-6% (layer_norm bfloat16 128 cols 2129 -> 1998 GB/s) and keep
-# the general kernel.
+# (warp_early_params) lost 2-6% in layer_norm (bfloat16 128 cols 2129 -> 1998 GB/s) and keep
+# the general kernel there; rms_norm's, whose store has no bias code (common.cuh
+# kParamsNoBias), gained in 16-bit and float32 and lost in float64, which keeps it too. H200,
+# one process, three rounds, general -> exact (benchmarks/results/
+# nvidia-h200-2026-11-27-rms-store-profile.txt): rms_norm float16 128 cols +1.3%, bfloat16
+# +2.1%, 256 +0-0.4%, float32 64 +1.3%, 128-256 +0.3-0.5%, float64 64 +0.9%, 128-192 -1.1%.
 WARP_EXACT_FAMILIES = ("norm", "softmax")
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
@@ -542,7 +546,7 @@ def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
     if (pack, _cdiv(cols, pack)) in WARP_GROUP_KEEP_TINY.get(family, ()):
         target = 0
     if target and cols >= WARP_GROUP_MIN_PACKS.get(family, 0) * pack:
-        if cbytes == 4 and _cdiv(cols, pack) == WARP_SPREAD_PACKS.get(family):
+        if cbytes == 4 and _cdiv(cols, pack) in WARP_SPREAD_PACKS.get(family, ()):
             return pack, _cdiv(cols, pack), WARP_SPREAD_ROWS
         # The narrowest group whose lanes hold at most `target` packs.
         for group in (1, 2, 4, 8, 16, 32):
@@ -568,24 +572,30 @@ def warp_early_params(cfg: tuple[int, int, int]) -> bool:
 
 
 def warp_exact(family: str, src: str, dst: str, pack: int, cols: int,
-               cfg: tuple[int, int, int], residual: bool = False) -> bool:
+               cfg: tuple[int, int, int], residual: bool = False, bias: bool = False) -> bool:
     """Whether a warp-path row of ``cols`` columns on the configuration ``cfg`` (values per
     thread, group width, rows per group; :func:`warp_config`) takes the exact kernel variant:
     the row fills the group's full 16-byte packs (rows.cuh rows_warp EXACT), except norm rows
-    without a residual that load their parameters early (WARP_EXACT_FAMILIES).
+    that load their parameters early without a residual where they may have a bias (``bias``:
+    layer_norm) or hold float64 (WARP_EXACT_FAMILIES).
 
     Examples
     --------
-    >>> warp_exact("norm", "float16", "float16", 8, 512, (16, 32, 1))
+    >>> warp_exact("norm", "float16", "float16", 8, 512, (16, 32, 1), bias=True)
     True
     >>> warp_exact("norm", "float16", "float16", 8, 1000, (32, 32, 1))  # 24 columns of padding
     False
-    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1))  # parameters early
+    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1), bias=True)  # early
     False
-    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1), residual=True)
+    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1))  # rms_norm: no bias
+    True
+    >>> warp_exact("norm", "float64", "float64", 2, 128, (4, 32, 1))  # rms_norm, float64
+    False
+    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1), residual=True, bias=True)
     True
     """
-    if family == "norm" and not residual and warp_early_params(cfg):
+    if (family == "norm" and not residual and (bias or src == "float64")
+            and warp_early_params(cfg)):
         return False
     return (family in WARP_EXACT_FAMILIES and full_packs(src, dst, pack)
             and cfg[0] * cfg[1] == cols)
@@ -709,7 +719,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         per_thread, group, rows_per_group = cfg
         blocks = _cdiv(rows, WARP_BLOCK // group * rows_per_group)
         # the exact variant has no row loop: only where the grid covers every row
-        exact = warp_exact(family, src, dst, pack, cols, cfg, residual) and blocks <= MAX_GRID
+        exact = (warp_exact(family, src, dst, pack, cols, cfg, residual, op == "layer_norm")
+                 and blocks <= MAX_GRID)
         return LaunchPlan("warp", warp_kernel(family, head, pack, cfg, exact),
                           min(blocks, MAX_GRID), WARP_BLOCK, 0)
     if path == "block":
@@ -1059,19 +1070,19 @@ def plan_strided(op: str, src: str, dst: str, outer: int, dim: int, inner: int,
 
 
 # --- every instantiation ----------------------------------------------------------------
-def _row_heads() -> list[tuple[str, str, str, str, int, int, bool]]:
-    """(family, head, src, dst, pack item size, compute bytes, residual) of every row-kernel
-    head."""
+def _row_heads() -> list[tuple[str, str, str, str, int, int, bool, str]]:
+    """(family, head, src, dst, pack item size, compute bytes, residual, op) of every row-kernel
+    head (softmax's two ops share the family, not the head)."""
     out = []
     for src, dst in KERNEL_DTYPE_PAIRS:
         for op in SOFTMAX_OPS:
             out.append((*kernel_head(op, src, dst), src, dst,
-                        max(ITEMSIZE[src], ITEMSIZE[dst]), compute_bytes(src, dst), False))
+                        max(ITEMSIZE[src], ITEMSIZE[dst]), compute_bytes(src, dst), False, op))
     for src in CTYPE:
         for op in NORM_OPS:
             for residual in (False, True):
                 out.append((*kernel_head(op, src, src, residual), src, src, ITEMSIZE[src],
-                            compute_bytes(src, src), residual))
+                            compute_bytes(src, src), residual, op))
     return out
 
 
@@ -1081,14 +1092,15 @@ def all_kernel_names(arch: int) -> list[str]:
     names: set[str] = set()
     clusters = CLUSTER_SIZES if arch >= 90 else ()
     row_clusters = ROW_CLUSTER_SIZES if arch >= 90 else ()
-    for family, head, src, dst, isz, cbytes, residual in _row_heads():
+    for family, head, src, dst, isz, cbytes, residual, op in _row_heads():
         for pack in (p for p in (1, 2, 4, 8) if p * isz <= 16):
             for cols in range(pack, 64 * pack * 32 + 1, pack):
                 cfg = warp_config(cols, pack, cbytes, family,
                                   narrow_groups(src, dst, pack, cols, residual))
                 if cfg is not None:
                     names.add(warp_kernel(family, head, pack, cfg, False))
-                    if warp_exact(family, src, dst, pack, cols, cfg, residual):
+                    if warp_exact(family, src, dst, pack, cols, cfg, residual,
+                                  op == "layer_norm"):
                         names.add(warp_kernel(family, head, pack, cfg, True))
             threads = block_threads(family, src, dst, pack)
             top = max(BLOCK_THREADS[-1] * BLOCK_MAX_VALUES[cbytes],

@@ -463,7 +463,7 @@ def test_register_caps_of_1024_column_rows(rng, op, dtype, residual, planned, mo
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("cols", [32, 64, 256, 768])
+@pytest.mark.parametrize("cols", [32, 64, 128, 256, 768])
 def test_exact_warp_kernels_match_the_general_ones(rng, op, dtype, cols, residual, planned,
                                                     monkeypatch):
     """Rows that fill a warp kernel's packs run its exact variant (rows.cuh rows_warp EXACT:
@@ -485,7 +485,9 @@ def test_exact_warp_kernels_match_the_general_ones(rng, op, dtype, cols, residua
                 res = call(op, x, w, b, **kwargs)
             assert planned[-1].path == "warp", planned
             cfg = tuple(int(a) for a in planned[-1].kernel[:-1].split(", ")[-4:-1])
-            early = not residual and _dispatch.warp_early_params(cfg)
+            # layer_norm's and float64's rows that load their parameters early stay general
+            early = (not residual and _dispatch.warp_early_params(cfg)
+                     and (op == "layer_norm" or name == "float64"))
             assert planned[-1].kernel.endswith(", true>") == (exact and not early), planned
             outs[exact] = [cupy.asnumpy(a).astype(np.float64) for a in res]
         for got, want in zip(outs[True], outs[False], strict=True):
