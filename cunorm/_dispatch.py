@@ -919,7 +919,10 @@ def _plan_smem(family: str, head: str, src: str, rows: int, cols: int, pack: int
 # weight slice, beat 3 blocks under 57% by 6-10%: float16 65536 3914 -> 3698). A plan
 # does not know whether the call passes a weight; without one, the same rows on 2 blocks ran
 # 1% faster (float16 32768: 4270 -> 4315; with it 4101 -> 4320, the shipped plan, same
-# process: .exp l1check).
+# process: .exp l1check). Since rms_norm's kernels lost their bias code and some registers
+# (common.cuh kParamsNoBias), an SM may hold one more block of narrower rows than before, in a
+# split that pushes the weight out; the rule keeps those rows on as many blocks as before,
+# under a hint (tests/test_gpu_norm.py test_weight_l1_plans_in_any_order).
 #: (unified L1 and shared memory, the shared-memory capacities it can be split into) per SM,
 #: KiB, by compute capability (NVIDIA's Hopper tuning guide). Other architectures keep the
 #: driver's split.
