@@ -226,6 +226,17 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   const unsigned ncols = static_cast<unsigned>(cols);
   const auto in_row = [&](unsigned col) { return EXACT || col < ncols; };
   const auto pack_col = [&](int p) { return (static_cast<unsigned>(p) * GROUP + lane) * PACK; };
+  // EXACT kernels of 16-bit rows whose loads write nothing read a row group past the end
+  // from the last row instead (its results are never stored), so no load is predicated on a
+  // row test: ptxas had built the zeros of a missing row half by half (sm_90, float16
+  // rms_norm 128 columns: 64 PRMT of 368 instructions). H200, same process, bit-identical
+  // (benchmarks/results/nvidia-h200-2026-11-27-rms-store-profile.txt): 16-bit rows of 32-128
+  // columns +0.5-2.7%, others within 0.1%; float32 rows gained at 32 columns (+1.1-1.5%) but
+  // lost 2-2.5% on rms_norm's 64-128 (31 -> 37 registers), so they keep the row test.
+  // (Written as branches of their own: folded into the other kernels' tests, the same
+  // conditions changed their code enough for ptxas to spill 16-bit and float64 warp kernels
+  // on sm_80.)
+  constexpr bool CLAMP_ROWS = EXACT && !LOAD::kStaged && sizeof(typename LOAD::raw_t) == 2;
   // The row loop on STORE functor st: the one of with_known_params for the whole loop where
   // EARLY (whose parameter loads precede the loop's stores), else the kernel's, which takes
   // with_known_params per row group at its stores.
@@ -255,7 +266,10 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
             [&](int u) {
               const i64 row = row0 + u / NPACK;
               const unsigned col = pack_col(u % NPACK);
-              return PackAt<unsigned>{row, col, row < rows && in_row(col)};
+              if constexpr (CLAMP_ROWS)
+                return PackAt<unsigned>{row >= rows ? rows - 1 : row, col, true};
+              else
+                return PackAt<unsigned>{row, col, row < rows && in_row(col)};
             },
             [&](int u, const RawPack& v) { raw[u / NPACK][u % NPACK] = to_words(v); });
       } else if constexpr (STAGE > 1) {
@@ -267,7 +281,11 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
               load,
               [&](int p) {
                 const unsigned col = pack_col(p);
-                return PackAt<unsigned>{row0 + r, col, row0 + r < rows && in_row(col)};
+                const i64 row = row0 + r;
+                if constexpr (CLAMP_ROWS)
+                  return PackAt<unsigned>{row >= rows ? rows - 1 : row, col, true};
+                else
+                  return PackAt<unsigned>{row, col, row < rows && in_row(col)};
               },
               [&](int p, const RawPack& v) { raw[r][p] = to_words(v); });
         }
@@ -277,8 +295,12 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 #pragma unroll
           for (int p = 0; p < NPACK; ++p) {
             const unsigned col = pack_col(p);
-            if (row0 + r < rows && in_row(col))
+            if constexpr (CLAMP_ROWS) {
+              const i64 row = row0 + r >= rows ? rows - 1 : row0 + r;
+              raw[r][p] = to_words(load.template fetch<PACK>(row, col));
+            } else if (row0 + r < rows && in_row(col)) {
               raw[r][p] = to_words(load.template fetch<PACK>(row0 + r, col));
+            }
           }
         }
       }
@@ -296,7 +318,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
           const unsigned col = pack_col(p);
           load.template convert<PACK, true>(from_words<RawPack>(raw[r][p]), buf[r] + p * PACK,
                                             row0 + r, col);
-          if (!OP::kZeroPad && (row0 + r >= rows || !in_row(col))) {
+          if (!CLAMP_ROWS && !OP::kZeroPad && (row0 + r >= rows || !in_row(col))) {
 #pragma unroll
             for (int i = 0; i < PACK; ++i) buf[r][p * PACK + i] = OP::pad();
           }
