@@ -571,30 +571,31 @@ def warp_early_params(cfg: tuple[int, int, int]) -> bool:
     return rows_per_group == 1 and 64 <= group * per_thread <= 256
 
 
-def warp_exact(family: str, src: str, dst: str, pack: int, cols: int,
-               cfg: tuple[int, int, int], residual: bool = False, bias: bool = False) -> bool:
-    """Whether a warp-path row of ``cols`` columns on the configuration ``cfg`` (values per
-    thread, group width, rows per group; :func:`warp_config`) takes the exact kernel variant:
-    the row fills the group's full 16-byte packs (rows.cuh rows_warp EXACT), except norm rows
-    that load their parameters early without a residual where they may have a bias (``bias``:
-    layer_norm) or hold float64 (WARP_EXACT_FAMILIES).
+def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
+               cfg: tuple[int, int, int], residual: bool = False) -> bool:
+    """Whether a warp-path row of ``op`` over ``cols`` columns on the configuration ``cfg``
+    (values per thread, group width, rows per group; :func:`warp_config`) takes the exact
+    kernel variant: the row fills the group's full 16-byte packs (rows.cuh rows_warp EXACT),
+    except layer_norm's (which has a bias) and float64 rms_norm's rows that load their
+    parameters early without a residual (WARP_EXACT_FAMILIES).
 
     Examples
     --------
-    >>> warp_exact("norm", "float16", "float16", 8, 512, (16, 32, 1), bias=True)
+    >>> warp_exact("layer_norm", "float16", "float16", 8, 512, (16, 32, 1))
     True
-    >>> warp_exact("norm", "float16", "float16", 8, 1000, (32, 32, 1))  # 24 columns of padding
+    >>> warp_exact("rms_norm", "float16", "float16", 8, 1000, (32, 32, 1))  # 24 cols padding
     False
-    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1), bias=True)  # early
+    >>> warp_exact("layer_norm", "float16", "float16", 8, 256, (16, 16, 1))  # early
     False
-    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1))  # rms_norm: no bias
+    >>> warp_exact("rms_norm", "float16", "float16", 8, 256, (16, 16, 1))  # no bias
     True
-    >>> warp_exact("norm", "float64", "float64", 2, 128, (4, 32, 1))  # rms_norm, float64
+    >>> warp_exact("rms_norm", "float64", "float64", 2, 128, (4, 32, 1))
     False
-    >>> warp_exact("norm", "float16", "float16", 8, 256, (16, 16, 1), residual=True, bias=True)
+    >>> warp_exact("layer_norm", "float16", "float16", 8, 256, (16, 16, 1), residual=True)
     True
     """
-    if (family == "norm" and not residual and (bias or src == "float64")
+    family = kernel_head(op, src, dst, residual)[0]
+    if (family == "norm" and not residual and (op == "layer_norm" or src == "float64")
             and warp_early_params(cfg)):
         return False
     return (family in WARP_EXACT_FAMILIES and full_packs(src, dst, pack)
@@ -719,8 +720,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         per_thread, group, rows_per_group = cfg
         blocks = _cdiv(rows, WARP_BLOCK // group * rows_per_group)
         # the exact variant has no row loop: only where the grid covers every row
-        exact = (warp_exact(family, src, dst, pack, cols, cfg, residual, op == "layer_norm")
-                 and blocks <= MAX_GRID)
+        exact = warp_exact(op, src, dst, pack, cols, cfg, residual) and blocks <= MAX_GRID
         return LaunchPlan("warp", warp_kernel(family, head, pack, cfg, exact),
                           min(blocks, MAX_GRID), WARP_BLOCK, 0)
     if path == "block":
@@ -1102,8 +1102,7 @@ def all_kernel_names(arch: int) -> list[str]:
                                   narrow_groups(src, dst, pack, cols, residual))
                 if cfg is not None:
                     names.add(warp_kernel(family, head, pack, cfg, False))
-                    if warp_exact(family, src, dst, pack, cols, cfg, residual,
-                                  op == "layer_norm"):
+                    if warp_exact(op, src, dst, pack, cols, cfg, residual):
                         names.add(warp_kernel(family, head, pack, cfg, True))
             threads = block_threads(family, src, dst, pack)
             top = max(BLOCK_THREADS[-1] * BLOCK_MAX_VALUES[cbytes],
