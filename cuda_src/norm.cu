@@ -290,11 +290,13 @@ __global__ void __launch_bounds__(128, norm_warp_blocks(sizeof(SRC), PACK, COLS,
 __host__ __device__ constexpr int norm_block_full(int src_bytes) {
   return src_bytes == 2 ? CUNORM_NORM_BLOCKS16 : src_bytes == 4 ? CUNORM_NORM_BLOCKS32 : 1;
 }
-template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS>
+// EXACT: the row fills the block's packs (cols == blockDim.x * COLS), so no column is tested
+// (rows.cuh rows_block; cunorm/_dispatch.py block_exact has the rule and its measurements).
+template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, bool EXACT = false>
 __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(sizeof(SRC)),
                                     sizeof(SRC) == 4 && !RMS ? 4 : norm_block_full(sizeof(SRC)))
     norm_block(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>>), true);
+  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>, EXACT>), true);
 }
 
 // The parameter lines the shared-memory and cluster rows ask L1 for (rows.cuh Prefetch):

@@ -469,7 +469,10 @@ using BlockRow = typename Conditional<block_row_in_full_packs(PACK_BYTES, COLS),
 // bfloat16 3956 -> 3890. The others keep element-wise stores: rms_norm lost 2.5% with word
 // stores (weight only: no split branch), and the float32 layer_norm kernel of 32 values a
 // thread spilled 24 bytes.
-template <int PACK, int COLS, typename ROW, class OP, class LOAD, class STORE>
+// EXACT (norm_block, where cunorm/_dispatch.py block_exact says): the row fills every thread's
+// COLS values (cols == blockDim.x * COLS), so the loads, sums and stores test no column.
+template <int PACK, int COLS, typename ROW, bool EXACT = false, class OP, class LOAD,
+          class STORE>
 __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const STORE& store,
                                            i64 rows, i64 cols) {
   static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
@@ -492,7 +495,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     A s2 = A{};
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
-      const bool valid = OP::kPadSafe || pack_col(p) < ncols;
+      const bool valid = EXACT || OP::kPadSafe || pack_col(p) < ncols;
 #pragma unroll
       for (int i = 0; i < PACK; ++i) {
         C v = buf[p * PACK + i];
@@ -509,7 +512,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     constexpr int STAGE = stage_packs<LOAD, PACK>(kRoom, CUNORM_BLOCK_STAGE_PACKS);
     load_packs<NPACK, PACK, OP, !OP::kZeroPad, STAGE>(load, [&](int p) {
       const unsigned col = pack_col(p);
-      return PackAt<unsigned>{row, col, col < ncols};
+      return PackAt<unsigned>{row, col, EXACT || col < ncols};
     }, [&](int p) { return buf + p * PACK; });
     S1 s1 = S1();  // kOnePass: 0
     if constexpr (OP::kFirst && !OP::kOnePass) {
@@ -532,7 +535,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
       const unsigned col = pack_col(p);
-      if (col < ncols) {
+      if (EXACT || col < ncols) {
         store.template store_rows<PACK, 1, OP::kOnePass, OP::kOnePass>(buf + p * PACK, 0, row,
                                                                         1, col);
       }

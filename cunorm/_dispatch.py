@@ -201,6 +201,16 @@ BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128
              ("softmax", 2, 2): ((32,), 128), ("log_softmax", 2, 2): ((32,), 512),
              ("layer_norm", 4, 4): ((24, 32), 128), ("rms_norm", 4, 4): ((24,), 128),
              ("layer_norm", 2, 2): ((32,), 512), ("rms_norm", 2, 2): ((32,), 512)}
+# Block rows that fill every thread's values in full 16-byte packs (threads x values == cols)
+# may run the kernel built without column tests (rows.cuh rows_block EXACT): (op, input dtype)
+# -> the values a thread at which it measured faster. H200, 49152 rows, weight and bias, one
+# process, 3 rounds against the general kernel, outputs bit-identical (GPU-abe855cd;
+# benchmarks/results/nvidia-h200-2026-11-27-block-rows-profile.txt): layer_norm bfloat16
+# 2048 / 4096 / 5120 / 8192 cols (16 values a thread) +3.2 / +3.9 / +3.4 / +3.1%, but 16384
+# (32 values) -2.4%; layer_norm float16 -1.0% to -1.4% at 2048-8192; rms_norm 16-bit -0.8% to
+# -1.0% there; float32 0 to +0.7%. ptxas drops 4-20% of the instructions in every case; which
+# ones gain follows no rule found in the SASS.
+BLOCK_EXACT = {("layer_norm", "bfloat16"): (16,)}
 # The norm block kernels with scalar packs keep an address per value (the weight and bias at
 # the affine store, x, residual and x + r for the residual variant): past these they spill
 # under the 128-register cap of __launch_bounds__(512, 1) (nvcc 13, sm_80 and sm_90).
@@ -609,6 +619,34 @@ def warp_kernel(family: str, head: str, pack: int, cfg: tuple[int, int, int],
             f"{_cbool(exact)}>")
 
 
+def block_exact(op: str, src: str, dst: str, pack: int, cols: int, cfg: tuple[int, int],
+                residual: bool = False) -> bool:
+    """Whether a block-path row of ``op`` over ``cols`` columns on ``cfg`` (threads, values a
+    thread) takes the kernel without column tests: the row fills the block's full 16-byte
+    packs, and BLOCK_EXACT lists ``op`` on ``src`` rows of that many values a thread.
+
+    Examples
+    --------
+    >>> block_exact("layer_norm", "bfloat16", "bfloat16", 8, 4096, (256, 16))
+    True
+    >>> block_exact("layer_norm", "bfloat16", "bfloat16", 8, 4000, (256, 16))  # padded
+    False
+    >>> block_exact("layer_norm", "bfloat16", "bfloat16", 8, 16384, (512, 32))
+    False
+    >>> block_exact("layer_norm", "float16", "float16", 8, 4096, (256, 16))
+    False
+    """
+    return (not residual and cfg[1] in BLOCK_EXACT.get((op, src), ())
+            and full_packs(src, dst, pack) and cfg[0] * cfg[1] == cols)
+
+
+def block_kernel(family: str, head: str, pack: int, per_thread: int, exact: bool) -> str:
+    """The block kernel's name for rows of ``per_thread`` values a thread (the exact variant:
+    :func:`block_exact`, norms only)."""
+    return (f"cunorm::{family}_block<{head}, {pack}, {per_thread}"
+            f"{', true' if exact else ''}>")
+
+
 def full_packs(src: str, dst: str, pack: int) -> bool:
     """Whether ``pack``-element packs of a ``src -> dst`` row move 16 bytes on the wider side:
     the block kernels compiled for several resident blocks (rows.cuh CUNORM_BLOCK_BOUNDS)."""
@@ -733,8 +771,9 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         if cfg is None:
             raise ValueError(f"path 'block' cannot hold cols={cols} in registers")
         threads, per_thread = cfg
-        name = f"cunorm::{family}_block<{head}, {pack}, {per_thread}>"
-        return LaunchPlan("block", name, min(rows, MAX_GRID), threads, 0)
+        exact = block_exact(op, src, dst, pack, cols, cfg, residual)
+        return LaunchPlan("block", block_kernel(family, head, pack, per_thread, exact),
+                          min(rows, MAX_GRID), threads, 0)
     if path in ("smem", "cluster"):
         weight_bytes = cols * ITEMSIZE[src] if op == "rms_norm" and not residual else 0
         return _plan_smem(family, head, src, rows, cols, pack, props, occ, path == "cluster",
@@ -1110,7 +1149,10 @@ def all_kernel_names(arch: int) -> list[str]:
             for cols in range(BLOCK_THREADS[0], top + 1, pack * 32):
                 bcfg = block_config(cols, pack, cbytes, family, threads)
                 if bcfg is not None:
-                    names.add(f"cunorm::{family}_block<{head}, {pack}, {bcfg[1]}>")
+                    names.add(block_kernel(family, head, pack, bcfg[1], False))
+                    # its exact variant, named by the row that fills these threads
+                    if block_exact(op, src, dst, pack, bcfg[0] * bcfg[1], bcfg, residual):
+                        names.add(block_kernel(family, head, pack, bcfg[1], True))
             for path in ("smem", "uncached"):
                 names.add(f"cunorm::{family}_{path}<{head}, {pack}>")
                 names.update(f"cunorm::{family}_{path}_cluster<{head}, {pack}, {c}>"
@@ -1126,7 +1168,7 @@ def all_kernel_names(arch: int) -> list[str]:
             if (ITEMSIZE[src], ITEMSIZE[dst]) == (isz_src, isz_dst):
                 family, head = kernel_head(op, src, dst)
                 pack = 16 // max(isz_src, isz_dst)
-                names.update(f"cunorm::{family}_block<{head}, {pack}, {v}>" for v in values)
+                names.update(block_kernel(family, head, pack, v, False) for v in values)
     from ._attn_dispatch import all_kernel_names as attention_kernel_names
 
     names.update(attention_kernel_names(arch))

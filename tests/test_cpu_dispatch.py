@@ -225,6 +225,39 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
 
 
 
+@pytest.mark.parametrize(("op", "residual"), [("softmax", False), ("layer_norm", False),
+                                               ("rms_norm", False), ("layer_norm", True),
+                                               ("rms_norm", True)])
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float32"])
+def test_block_exact_variant(op: str, src: str, residual: bool) -> None:
+    """The block path takes its kernel without column tests (rows.cuh rows_block EXACT)
+    exactly where the row fills the block's full 16-byte packs at values a thread that
+    BLOCK_EXACT lists for the op and dtype (bfloat16 layer_norm, 16 values); the kernels it
+    names are compiled (:func:`cunorm._dispatch.all_kernel_names`)."""
+    listed = set(d.all_kernel_names(90))
+    full = 16 // ITEMSIZE[src]
+    exact_cols = set()
+    for cols in range(1024, 16384 + 1, 8):
+        for align in (1, full):
+            plan = d.plan_rows(op, src, src, 4096, cols, align, H100, fake_occ(H100), None,
+                               residual)
+            if plan.path != "block":
+                continue
+            args = template_args(plan.kernel)[1]
+            exact = args[-1] == "true"
+            per_thread = int(args[-2] if exact else args[-1])
+            assert exact == (op == "layer_norm" and src == "bfloat16" and not residual
+                             and per_thread == 16 and align == full
+                             and plan.block * per_thread == cols), (cols, align, plan)
+            assert plan.kernel in listed, plan.kernel
+            if exact:
+                exact_cols.add(cols)
+    if op == "layer_norm" and src == "bfloat16" and not residual:
+        assert {2048, 4096, 5120, 8192} <= exact_cols, sorted(exact_cols)
+    else:
+        assert not exact_cols
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
 @pytest.mark.parametrize("src", ["float16", "bfloat16", "float32", "float64"])
 def test_warp_groups_narrow(op: str, src: str) -> None:

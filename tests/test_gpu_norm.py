@@ -506,6 +506,33 @@ def test_exact_warp_kernels_match_the_general_ones(rng, op, dtype, cols, residua
                                            err_msg=f"rows {rows}")
 
 
+@pytest.mark.parametrize("cols", [2048, 4096, 5120])
+def test_exact_block_kernels_match_the_general_ones(rng, cols, planned):
+    """bfloat16 layer_norm rows that fill a block's packs run its exact variant (rows.cuh
+    rows_block EXACT: no column tests); on the same inputs, with statistics, without weight or
+    bias, and with rows whose mean lies far enough from 0 to be summed again about it (redo),
+    it writes the general kernel's bits."""
+    dtype = BF16
+    for rows in (1, 37, 301):
+        xh = random_input(rng, (rows, cols), dtype)[1]
+        # mean / std = 100: these rows are summed again about their mean
+        xh[::3] = (xh[::3].astype(np.float32) + 300).astype(dtype)
+        x = cupy.asarray(xh)
+        w, b, _, _ = affine(rng, "layer_norm", (cols,), dtype)
+        for params in ((w, b), (None, None), (w, None)):
+            outs = {}
+            for exact, table in ((True, _dispatch.BLOCK_EXACT), (False, {})):
+                planned.clear()
+                with _dispatch.override_constants({"BLOCK_EXACT": table}):
+                    res = call("layer_norm", x, *params, return_stats=True)
+                assert planned[-1].path == "block", planned
+                assert planned[-1].kernel.endswith(", true>") == exact, planned
+                outs[exact] = [cupy.asnumpy(a) for a in res]
+            for got, want in zip(outs[True], outs[False], strict=True):
+                assert not np.isnan(got.astype(np.float64)).any(), (rows, "unwritten or NaN")
+                assert same_bits(got, want), (rows, cols, params[0] is None)
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_forcing_an_impossible_path_raises_and_writes_nothing(rng, op):
     x, _ = random_input(rng, (2, 100_000), np.float32)
