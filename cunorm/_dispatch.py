@@ -204,13 +204,14 @@ BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128
 # Block rows that fill every thread's values in full 16-byte packs (threads x values == cols)
 # may run the kernel built without column tests (rows.cuh rows_block EXACT): (op, input dtype)
 # -> the values a thread at which it measured faster. H200, 49152 rows, weight and bias, one
-# process, 3 rounds against the general kernel, outputs bit-identical (GPU-abe855cd;
-# benchmarks/results/nvidia-h200-2026-11-27-block-rows-profile.txt): layer_norm bfloat16
-# 2048 / 4096 / 5120 / 8192 cols (16 values a thread) +3.2 / +3.9 / +3.4 / +3.1%, but 16384
-# (32 values) -2.4%; layer_norm float16 -1.0% to -1.4% at 2048-8192; rms_norm 16-bit -0.8% to
-# -1.0% there; float32 0 to +0.7%. ptxas drops 4-20% of the instructions in every case; which
-# ones gain follows no rule found in the SASS.
-BLOCK_EXACT = {("layer_norm", "bfloat16"): (16,)}
+# process, 3-5 rounds against the general kernel, outputs bit-identical
+# (benchmarks/results/nvidia-h200-2026-11-27-block-rows-profile.txt): layer_norm bfloat16
+# 2048 / 4096 / 5120 / 8192 cols (16 values a thread) +3.2 / +3.9 / +3.4 / +3.1%, float16
+# 16384 (32 values) +3.5-3.6% in two runs (GPU-9d3b55f6, GPU-4cb33e72; +1.5% in a noisy
+# first one); but bfloat16 16384 -2.4% to 0%, float16 2048-8192 -1.0% to -1.4%, rms_norm
+# 16-bit -0.8% to -1.0% there, float32 0 to +0.7%. ptxas drops 4-20% of the instructions in
+# every case; which ones gain follows no rule found in the SASS.
+BLOCK_EXACT = {("layer_norm", "bfloat16"): (16,), ("layer_norm", "float16"): (32,)}
 # The norm block kernels with scalar packs keep an address per value (the weight and bias at
 # the affine store, x, residual and x + r for the residual variant): past these they spill
 # under the 128-register cap of __launch_bounds__(512, 1) (nvcc 13, sm_80 and sm_90).
@@ -635,6 +636,8 @@ def block_exact(op: str, src: str, dst: str, pack: int, cols: int, cfg: tuple[in
     False
     >>> block_exact("layer_norm", "float16", "float16", 8, 4096, (256, 16))
     False
+    >>> block_exact("layer_norm", "float16", "float16", 8, 16384, (512, 32))
+    True
     """
     return (not residual and cfg[1] in BLOCK_EXACT.get((op, src), ())
             and full_packs(src, dst, pack) and cfg[0] * cfg[1] == cols)
@@ -1168,7 +1171,10 @@ def all_kernel_names(arch: int) -> list[str]:
             if (ITEMSIZE[src], ITEMSIZE[dst]) == (isz_src, isz_dst):
                 family, head = kernel_head(op, src, dst)
                 pack = 16 // max(isz_src, isz_dst)
-                names.update(block_kernel(family, head, pack, v, False) for v in values)
+                for v in values:
+                    names.add(block_kernel(family, head, pack, v, False))
+                    if block_exact(op, src, dst, pack, 512 * v, (512, v)):
+                        names.add(block_kernel(family, head, pack, v, True))
     from ._attn_dispatch import all_kernel_names as attention_kernel_names
 
     names.update(attention_kernel_names(arch))

@@ -232,8 +232,8 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
 def test_block_exact_variant(op: str, src: str, residual: bool) -> None:
     """The block path takes its kernel without column tests (rows.cuh rows_block EXACT)
     exactly where the row fills the block's full 16-byte packs at values a thread that
-    BLOCK_EXACT lists for the op and dtype (bfloat16 layer_norm, 16 values); the kernels it
-    names are compiled (:func:`cunorm._dispatch.all_kernel_names`)."""
+    BLOCK_EXACT lists for the op and dtype (layer_norm: bfloat16 at 16 values, float16 at 32);
+    the kernels it names are compiled (:func:`cunorm._dispatch.all_kernel_names`)."""
     listed = set(d.all_kernel_names(90))
     full = 16 // ITEMSIZE[src]
     exact_cols = set()
@@ -246,14 +246,15 @@ def test_block_exact_variant(op: str, src: str, residual: bool) -> None:
             args = template_args(plan.kernel)[1]
             exact = args[-1] == "true"
             per_thread = int(args[-2] if exact else args[-1])
-            assert exact == (op == "layer_norm" and src == "bfloat16" and not residual
-                             and per_thread == 16 and align == full
-                             and plan.block * per_thread == cols), (cols, align, plan)
+            assert exact == (not residual and per_thread in d.BLOCK_EXACT.get((op, src), ())
+                             and align == full and plan.block * per_thread == cols), (
+                cols, align, plan)
             assert plan.kernel in listed, plan.kernel
             if exact:
                 exact_cols.add(cols)
-    if op == "layer_norm" and src == "bfloat16" and not residual:
-        assert {2048, 4096, 5120, 8192} <= exact_cols, sorted(exact_cols)
+    want = {"bfloat16": {2048, 4096, 5120, 8192}, "float16": {16384}}.get(src, set())
+    if op == "layer_norm" and not residual:
+        assert want <= exact_cols and bool(exact_cols) == bool(want), sorted(exact_cols)
     else:
         assert not exact_cols
 
@@ -1365,7 +1366,9 @@ def test_all_kernel_names_by_arch() -> None:
         "cunorm::norm_uncached_cluster", "cunorm::attn_wg", "cunorm::softmax_block",
         "cunorm::norm_block"}
     mid = {n for n in n90 - n80 if "_block<" in n}
-    assert mid and all(int(template_args(n)[1][-1]) == 32 for n in mid)  # BLOCK_MID, sm_90
+    # BLOCK_MID, sm_90: 32 values a thread (the last argument but an exact variant's flag)
+    assert mid and all(int([a for a in template_args(n)[1] if a.isdigit()][-1]) == 32
+                       for n in mid)
     for name in n90:
         base, args = template_args(name)
         if base.startswith("cunorm::attn_"):

@@ -409,18 +409,18 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
     props = device_props(0)
     monkeypatch.setattr(norm_module, "_PLANS", {})
     for cols in (12288, 14336, 16384):
-        name = np.dtype(dtype).name
-        cfg = _dispatch.block_mid_config(op, name, name, cols, 16 // np.dtype(dtype).itemsize,
-                                         props.arch)
+        name, pack = np.dtype(dtype).name, 16 // np.dtype(dtype).itemsize
+        cfg = _dispatch.block_mid_config(op, name, name, cols, pack, props.arch)
         if cfg is None:
             continue
+        exact = ", true" if _dispatch.block_exact(op, name, name, pack, cols, cfg) else ""
         x, xh = random_input(rng, (7, cols), dtype)
         w, b, wh, bh = affine(rng, op, (cols,), dtype)
         ref, ref_mean, ref_rstd = reference(op, xh, weight=wh, bias=bh)
         res = call(op, x, w, b, return_stats=True)
         plan = planned[-1]
         assert (plan.path, plan.block) == ("block", cfg[0]) and plan.kernel.endswith(
-            f", {cfg[1]}>"), plan
+            f", {cfg[1]}{exact}>"), plan
         kern = get_kernel(0, props.arch, "norm.cu", plan.kernel)
         assert occupancy(kern, 512, 0) >= 2, (plan.kernel, kern.num_regs)
         assert rel_err(cupy.asnumpy(res[0]), ref) <= TOL[name], cols
@@ -506,13 +506,13 @@ def test_exact_warp_kernels_match_the_general_ones(rng, op, dtype, cols, residua
                                            err_msg=f"rows {rows}")
 
 
-@pytest.mark.parametrize("cols", [2048, 4096, 5120])
-def test_exact_block_kernels_match_the_general_ones(rng, cols, planned):
-    """bfloat16 layer_norm rows that fill a block's packs run its exact variant (rows.cuh
-    rows_block EXACT: no column tests); on the same inputs, with statistics, without weight or
-    bias, and with rows whose mean lies far enough from 0 to be summed again about it (redo),
-    it writes the general kernel's bits."""
-    dtype = BF16
+@pytest.mark.parametrize(("dtype", "cols"), [(BF16, 2048), (BF16, 4096), (BF16, 5120),
+                                            (np.float16, 16384)])
+def test_exact_block_kernels_match_the_general_ones(rng, dtype, cols, planned):
+    """16-bit layer_norm rows that fill a block's packs at the values a thread BLOCK_EXACT
+    lists run its exact variant (rows.cuh rows_block EXACT: no column tests); on the same
+    inputs, with statistics, without weight or bias, and with rows whose mean lies far enough
+    from 0 to be summed again about it (redo), it writes the general kernel's bits."""
     for rows in (1, 37, 301):
         xh = random_input(rng, (rows, cols), dtype)[1]
         # mean / std = 100: these rows are summed again about their mean
