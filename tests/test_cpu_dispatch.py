@@ -65,6 +65,11 @@ def template_args(name: str) -> tuple[str, list[str]]:
     return base, args.split(", ")
 
 
+def block_values(name: str) -> int:
+    """Values a thread of a block kernel: its last number (an exact variant's flag follows)."""
+    return int([a for a in template_args(name)[1] if a.isdigit()][-1])
+
+
 def warp_args(plan: d.LaunchPlan) -> tuple[int, int, int, int]:
     """(pack, values per thread, group width, rows per group) of a warp plan."""
     base, args = template_args(plan.kernel)
@@ -245,7 +250,7 @@ def test_block_exact_variant(op: str, src: str, residual: bool) -> None:
                 continue
             args = template_args(plan.kernel)[1]
             exact = args[-1] == "true"
-            per_thread = int(args[-2] if exact else args[-1])
+            per_thread = block_values(plan.kernel)
             assert exact == (not residual and per_thread in d.BLOCK_EXACT.get((op, src), ())
                              and align == full and plan.block * per_thread == cols), (
                 cols, align, plan)
@@ -1366,9 +1371,7 @@ def test_all_kernel_names_by_arch() -> None:
         "cunorm::norm_uncached_cluster", "cunorm::attn_wg", "cunorm::softmax_block",
         "cunorm::norm_block"}
     mid = {n for n in n90 - n80 if "_block<" in n}
-    # BLOCK_MID, sm_90: 32 values a thread (the last argument but an exact variant's flag)
-    assert mid and all(int([a for a in template_args(n)[1] if a.isdigit()][-1]) == 32
-                       for n in mid)
+    assert mid and all(block_values(n) == 32 for n in mid)  # BLOCK_MID, sm_90
     for name in n90:
         base, args = template_args(name)
         if base.startswith("cunorm::attn_"):
@@ -1475,8 +1478,7 @@ def test_block_mid_rows(props: DeviceProps) -> None:
         return d.plan_rows(op, dtype, dtype, 4096, cols, 16, p, fake_occ(p), residual=residual)
 
     def shape(pl: d.LaunchPlan) -> tuple[str, int, int]:
-        return pl.path, pl.block, (int(template_args(pl.kernel)[1][-1]) if pl.path == "block"
-                                   else 0)
+        return pl.path, pl.block, block_values(pl.kernel) if pl.path == "block" else 0
 
     assert shape(plan("layer_norm", "float32", 12288)) == ("block", 512, 24)
     assert shape(plan("layer_norm", "float32", 16384)) == ("block", 512, 32)
