@@ -490,12 +490,13 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
   const auto pack_col = [](int p) {
     return (p * blockDim.x + threadIdx.x) * PACK;
   };
+  const auto in_row = [&](unsigned col) { return EXACT || col < ncols; };  // as rows_warp's
   // The sum of second() over the row about s1, block-reduced.
   const auto second_sum = [&](S1 s1) {
     A s2 = A{};
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
-      const bool valid = EXACT || OP::kPadSafe || pack_col(p) < ncols;
+      const bool valid = OP::kPadSafe || in_row(pack_col(p));
 #pragma unroll
       for (int i = 0; i < PACK; ++i) {
         C v = buf[p * PACK + i];
@@ -512,7 +513,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
     constexpr int STAGE = stage_packs<LOAD, PACK>(kRoom, CUNORM_BLOCK_STAGE_PACKS);
     load_packs<NPACK, PACK, OP, !OP::kZeroPad, STAGE>(load, [&](int p) {
       const unsigned col = pack_col(p);
-      return PackAt<unsigned>{row, col, EXACT || col < ncols};
+      return PackAt<unsigned>{row, col, in_row(col)};
     }, [&](int p) { return buf + p * PACK; });
     S1 s1 = S1();  // kOnePass: 0
     if constexpr (OP::kFirst && !OP::kOnePass) {
@@ -535,7 +536,7 @@ __device__ __forceinline__ void rows_block(const OP& op, const LOAD& load, const
 #pragma unroll
     for (int p = 0; p < NPACK; ++p) {
       const unsigned col = pack_col(p);
-      if (EXACT || col < ncols) {
+      if (in_row(col)) {
         store.template store_rows<PACK, 1, OP::kOnePass, OP::kOnePass>(buf + p * PACK, 0, row,
                                                                         1, col);
       }

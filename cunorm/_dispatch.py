@@ -624,7 +624,8 @@ def block_exact(op: str, src: str, dst: str, pack: int, cols: int, cfg: tuple[in
                 residual: bool = False) -> bool:
     """Whether a block-path row of ``op`` over ``cols`` columns on ``cfg`` (threads, values a
     thread) takes the kernel without column tests: the row fills the block's full 16-byte
-    packs, and BLOCK_EXACT lists ``op`` on ``src`` rows of that many values a thread.
+    packs, and BLOCK_EXACT lists ``op`` on ``src`` rows of that many values a thread (norms
+    only: softmax_block has no exact variant).
 
     Examples
     --------
@@ -639,7 +640,7 @@ def block_exact(op: str, src: str, dst: str, pack: int, cols: int, cfg: tuple[in
     >>> block_exact("layer_norm", "float16", "float16", 8, 16384, (512, 32))
     True
     """
-    return (not residual and cfg[1] in BLOCK_EXACT.get((op, src), ())
+    return (op in NORM_OPS and not residual and cfg[1] in BLOCK_EXACT.get((op, src), ())
             and full_packs(src, dst, pack) and cfg[0] * cfg[1] == cols)
 
 
@@ -1173,7 +1174,8 @@ def all_kernel_names(arch: int) -> list[str]:
                 pack = 16 // max(isz_src, isz_dst)
                 for v in values:
                     names.add(block_kernel(family, head, pack, v, False))
-                    if block_exact(op, src, dst, pack, 512 * v, (512, v)):
+                    threads = BLOCK_THREADS[-1]  # BLOCK_MID blocks have at most these
+                    if block_exact(op, src, dst, pack, threads * v, (threads, v)):
                         names.add(block_kernel(family, head, pack, v, True))
     from ._attn_dispatch import all_kernel_names as attention_kernel_names
 
