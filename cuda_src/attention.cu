@@ -497,6 +497,76 @@ __device__ __forceinline__ void attn_load_q(T* tile, const T* q, const AttnTile&
       nrows, ncols, vec);
 }
 
+// The end of a clustered key split (attn_tc_cluster): every block of the cluster holds the
+// unnormalized state of the row tile's 16 rows over its key range (warp 0, `mine`: acc in the
+// fragment layout of AttnOut::tc_row, the row max m in log2 units, this lane's share of the
+// row sum l). Each block posts it to `state` (its own shared memory, [16][DP + 2] floats: the
+// columns, m, the row sum), and after a cluster barrier block c merges columns
+// [c DP / CM, (c + 1) DP / CM) of every row from all CM posts, as attn_combine merges the
+// workspace: y = sum_s e_s acc_s / sum_s e_s l_s, e_s = 2^(m_s - max m). Block 0 writes lse.
+// A second barrier keeps each block's post alive until its peers have read it. Every thread
+// of the block must call (the barriers are the cluster's).
+template <typename T, int DP, int ND, int CM>
+__device__ __forceinline__ void attn_cluster_merge(float* state, const float* acc, const float* m,
+                                                   const float* l, bool mine, const AttnTile& t,
+                                                   int group, i64 lq, int dv, T* o, i64 o_sb,
+                                                   i64 o_sh, i64 o_sl, float* lse, i64 lse_sb,
+                                                   i64 lse_sh, i64 lse_sl) {
+  static_assert(DP % CM == 0, "a block merges DP / CM columns");
+  constexpr int SW = DP + 2;
+  constexpr int CW = DP / CM;
+  const int lane = threadIdx.x & 31;
+  if (mine) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      float* const row = state + (lane / 4 + 8 * h) * SW;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = j * 8 + (lane & 3) * 2;
+        row[col] = acc[4 * j + 2 * h];
+        row[col + 1] = acc[4 * j + 2 * h + 1];
+      }
+      if ((lane & 3) == 0) {
+        row[DP] = m[h];
+        row[DP + 1] = sum;
+      }
+    }
+  }
+  Cluster<CM>::sync();
+  const unsigned rank = Cluster<CM>::rank();
+  for (int idx = threadIdx.x; idx < 16 * CW; idx += blockDim.x) {
+    const int rr = idx / CW, col = static_cast<int>(rank) * CW + idx % CW;
+    const i64 r = t.r0 + rr;
+    if (r >= t.rows) continue;
+    const float* const row = state + rr * SW;
+    float ms[CM];
+    float mx = -Math<float>::inf();
+#pragma unroll
+    for (int c = 0; c < CM; ++c) {
+      ms[c] = cluster_load(Cluster<CM>::remote_addr(row + DP, c));
+      mx = fmaxf(mx, ms[c]);
+    }
+    const float m_use = mx == -Math<float>::inf() ? 0.0f : mx;
+    float sum = 0.0f, y = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CM; ++c) {
+      const float e = attn_exp2(ms[c] - m_use);
+      sum += e * cluster_load(Cluster<CM>::remote_addr(row + DP + 1, c));
+      y += e * cluster_load(Cluster<CM>::remote_addr(row + col, c));
+    }
+    const i64 head = static_cast<i64>(t.kvh) * group + r / lq;
+    const i64 pos = r % lq;
+    if (col < dv) o[t.b * o_sb + head * o_sh + pos * o_sl + col] = from_compute<T>(sum > 0.0f ? y / sum : 0.0f);
+    if (lse != nullptr && rank == 0 && idx % CW == 0)
+      lse[t.b * lse_sb + head * lse_sh + pos * lse_sl] =
+          sum > 0.0f ? (mx + log2f(sum)) * 0.6931471805599453f : -Math<float>::inf();
+  }
+  Cluster<CM>::sync();
+}
+
 // MW m16 row tiles per warp (BM = 64 * MW rows per block): each K and V fragment read from
 // shared memory feeds MW mma instructions, so MW = 2 halves the shared-memory traffic per
 // FLOP where the registers allow it (head dims up to 128).
@@ -506,11 +576,15 @@ __device__ __forceinline__ void attn_load_q(T* tile, const T* q, const AttnTile&
 // work per tile (with KS = 1 three warps would compute on padding rows), so a block spends
 // its time waiting on K/V loads, and the 16-row Q tile leaves room for more blocks per SM.
 // ST stages of K/V tiles: ST - 1 tiles are in flight while the block computes on one.
-template <typename T, int DP, int BN, int MW, int KS, int ST>
-__global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
+// CM > 1 (attn_tc_cluster): the gridDim.z = CM key splits of a row tile are one thread-block
+// cluster, which merges them through distributed shared memory (attn_cluster_merge) instead of
+// the workspace and attn_combine.
+template <typename T, int DP, int BN, int MW, int KS, int ST, int CM>
+__device__ __forceinline__ void attn_tc_rows(CUNORM_ATTN_PACKED_PARAMS) {
   CUNORM_ATTN_UNPACK;
   griddep_launch_dependents();  // a key split's attn_combine may wait on the SMs (attn_combine)
   static_assert(KS == 1 || (KS == 4 && MW == 1), "key split: 4 warps on one m16 row tile");
+  static_assert(CM == 1 || KS == 4, "a cluster merges the key splits of decoding rows");
   static_assert(ST >= 2, "at least double buffering");
   constexpr int BM = 64 * MW / KS;
   constexpr int WM = 16 * MW;       // rows per warp
@@ -671,35 +745,43 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
       }
     }
     __syncthreads();
-    if (kw > 0) return;
+    if (CM == 1 && kw > 0) return;
+    if (CM == 1 || kw == 0) {  // (the cluster merge below needs every warp)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m[0][h];
+      for (int h = 0; h < 2; ++h) {
+        float mx = m[0][h];
 #pragma unroll
-      for (int w = 1; w < KS; ++w) mx = fmaxf(mx, xch[((w - 1) * kVals + 4 * ND + h) * 32 + lane]);
-      const float m_use = mx == -Math<float>::inf() ? 0.0f : mx;
-      const float self = attn_exp2(m[0][h] - m_use);
-      l[0][h] *= self;
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        acc[0][j][2 * h] *= self;
-        acc[0][j][2 * h + 1] *= self;
-      }
-#pragma unroll
-      for (int w = 1; w < KS; ++w) {
-        const float* const other = xch + (w - 1) * kVals * 32 + lane;
-        const float f = attn_exp2(other[(4 * ND + h) * 32] - m_use);
-        l[0][h] += f * other[(4 * ND + 2 + h) * 32];
+        for (int w = 1; w < KS; ++w) mx = fmaxf(mx, xch[((w - 1) * kVals + 4 * ND + h) * 32 + lane]);
+        const float m_use = mx == -Math<float>::inf() ? 0.0f : mx;
+        const float self = attn_exp2(m[0][h] - m_use);
+        l[0][h] *= self;
 #pragma unroll
         for (int j = 0; j < ND; ++j) {
-          acc[0][j][2 * h] += f * other[(4 * j + 2 * h) * 32];
-          acc[0][j][2 * h + 1] += f * other[(4 * j + 2 * h + 1) * 32];
+          acc[0][j][2 * h] *= self;
+          acc[0][j][2 * h + 1] *= self;
         }
+#pragma unroll
+        for (int w = 1; w < KS; ++w) {
+          const float* const other = xch + (w - 1) * kVals * 32 + lane;
+          const float f = attn_exp2(other[(4 * ND + h) * 32] - m_use);
+          l[0][h] += f * other[(4 * ND + 2 + h) * 32];
+#pragma unroll
+          for (int j = 0; j < ND; ++j) {
+            acc[0][j][2 * h] += f * other[(4 * j + 2 * h) * 32];
+            acc[0][j][2 * h + 1] += f * other[(4 * j + 2 * h + 1) * 32];
+          }
+        }
+        m[0][h] = mx;
       }
-      m[0][h] = mx;
     }
   }
 
+  if constexpr (CM > 1) {
+    attn_cluster_merge<T, DP, ND, CM>(reinterpret_cast<float*>(vs), &acc[0][0][0], m[0], l[0],
+                                      kw == 0, t, group, lq, dv, o, o_sb, o_sh, o_sl, lse,
+                                      lse_sb, lse_sh, lse_sl);
+    return;
+  }
   const AttnOut<T> out = CUNORM_ATTN_OUT;
 #pragma unroll
   for (int mi = 0; mi < MW; ++mi) {
@@ -709,6 +791,21 @@ __global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
                               t.r0 + warp * WM + mi * 16 + lane / 4 + h * 8, row_ok[mi][h], t, group, lq);
   }
 }
+
+template <typename T, int DP, int BN, int MW, int KS, int ST>
+__global__ void __launch_bounds__(128, 1) attn_tc(CUNORM_ATTN_PACKED_PARAMS) {
+  attn_tc_rows<T, DP, BN, MW, KS, ST, 1>(q, k, v, o, lse, o_part, stat_part, mask, args);
+}
+
+#ifdef CUNORM_SM90
+// Decoding rows (KS = 4) whose CM key splits form a cluster (gridDim.z == CM): no workspace, no
+// attn_combine launch (cunorm/_attn_dispatch.py tc_cluster).
+template <typename T, int DP, int BN, int ST, int CM>
+__global__ void __cluster_dims__(1, 1, CM) __launch_bounds__(128, 1)
+    attn_tc_cluster(CUNORM_ATTN_PACKED_PARAMS) {
+  attn_tc_rows<T, DP, BN, 1, 4, ST, CM>(q, k, v, o, lse, o_part, stat_part, mask, args);
+}
+#endif
 
 // ---------------------------------------------------------------------------------------
 // Warpgroup tensor-core path (float16 / bfloat16 on sm_90a: wgmma). Compiled only where the

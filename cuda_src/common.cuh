@@ -1049,6 +1049,16 @@ template <int CLUSTER> struct Cluster {
   }
 };
 
+// A float of a cluster peer's shared memory at `addr` (Cluster::remote_addr), ordered after
+// the cluster barrier that published it.
+__device__ __forceinline__ float cluster_load(unsigned addr) {
+  float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+#endif
+  return v;
+}
+
 // Mail primitives (sm_90), shared by ClusterMail and the strided softmax's row exchange. A
 // block's mbarrier (initialized with one arrival) completes a phase once its one thread has
 // called mail_expect for the phase and the peers' st.async posts have brought that many bytes;

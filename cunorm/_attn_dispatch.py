@@ -90,6 +90,19 @@ TC_KEY_SPLIT_MAX_ROWS = 16
 #: decode-stages), so both stay double-buffered, the smallest shared-memory footprint.
 TC_STAGES = 2
 TC_KEY_SPLIT_STAGES = 2
+#: Short decoding rows on thread-block clusters (sm_90): where the key-split kernel (KS = 4)
+#: would take at least TC_CLUSTER key splits of at most TC_CLUSTER_MAX_TILES key tiles each,
+#: exactly TC_CLUSTER splits of a row tile run as one cluster (attn_tc_cluster) that merges
+#: them through distributed shared memory, with no workspace and no attn_combine launch. H200,
+#: Lq = 1, 32 / 8 heads, one process, cluster against workspace + attn_combine (us): Lk = 4096
+#: D = 128 16.1-16.4 against 17.0-18.0, D = 64 13.1 against 14.4-14.6; Lk = 8192 D = 128
+#: 22.9-23.1 against 22.7-23.7. Longer rows lost (16384: 36.0 against 32.4-33.9; 131072: 165
+#: against 140): 16 splits of 8 row tiles are one block an SM, too few loads in flight
+#: (benchmarks/results/nvidia-h200-2026-11-27-decode-cluster-profile.txt). 0 turns it off.
+TC_CLUSTER = 16
+TC_CLUSTER_MAX_TILES = 4
+#: K/V pipeline stages of attn_tc_cluster (4 stages lost 30% at D = 128, gained 4-10% at D = 64)
+TC_CLUSTER_STAGES = 2
 #: SIMT path: query rows per block (one warp each), keys per tile
 SIMT_ROWS = 8
 SIMT_THREADS = 256
@@ -125,6 +138,9 @@ class AttnPlan:
         Key ranges per row tile (1: no split, the kernel writes the output directly).
     items : int
         Row tiles in all, ``row_tiles * batch * Hkv``.
+    cluster : int
+        Key splits of a row tile that the kernel merges itself, as one thread-block cluster
+        (``attn_tc_cluster``: ``splits == cluster``, no workspace and no ``combine``); 1: none.
     """
 
     kernel: str
@@ -135,6 +151,12 @@ class AttnPlan:
     row_tiles: int
     splits: int
     items: int
+    cluster: int = 1
+
+    @property
+    def needs_combine(self) -> bool:
+        """Whether the split-KV merge (``combine``) runs after the kernel."""
+        return self.splits > 1 and self.cluster == 1
 
 
 _FORCED_SPLIT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -266,9 +288,37 @@ def tc_kernel(ctype: str, dp: int, ks: int = 1) -> str:
             f"{ks}, {tc_stages(ks)}>")
 
 
-def tc_smem(dp: int, ks: int = 1) -> int:
-    """Shared memory of ``attn_tc``: the Q tile and the stages of K and V tiles (16-bit)."""
-    return (tc_block_m(dp, ks) + 2 * tc_stages(ks) * tc_block_n(dp)) * dp * 2
+def tc_cluster_kernel(ctype: str, dp: int) -> str:
+    """The clustered key-split kernel (:data:`TC_CLUSTER` splits a row tile)."""
+    return (f"cunorm::attn_tc_cluster<{ctype}, {dp}, {tc_block_n(dp)}, "
+            f"{TC_CLUSTER_STAGES}, {TC_CLUSTER}>")
+
+
+def tc_cluster(props: DeviceProps, dp: int, ks: int, splits: int, key_tiles: int) -> int:
+    """Key splits a row tile of the key-split kernel runs as one cluster (:data:`TC_CLUSTER`)
+    where ``splits`` of its ``key_tiles`` were planned, else 1.
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h200 = DeviceProps("H200", (9, 0), 132, 2048, 232448, 233472, 50 << 20, max_cluster=16)
+    >>> tc_cluster(h200, 128, TC_KEY_SPLIT, 32, 64)  # Lk = 4096: 4 key tiles a split
+    16
+    >>> tc_cluster(h200, 128, TC_KEY_SPLIT, 12, 64), tc_cluster(h200, 128, TC_KEY_SPLIT, 43, 256)
+    (1, 1)
+    """
+    if (TC_CLUSTER > 1 and props.has_clusters and props.max_cluster >= TC_CLUSTER
+            and ks == TC_KEY_SPLIT and splits >= TC_CLUSTER and dp % TC_CLUSTER == 0
+            and key_tiles <= TC_CLUSTER * TC_CLUSTER_MAX_TILES):
+        return TC_CLUSTER
+    return 1
+
+
+def tc_smem(dp: int, ks: int = 1, stages: int | None = None) -> int:
+    """Shared memory of ``attn_tc``: the Q tile and the stages of K and V tiles (16-bit);
+    ``stages`` (default :func:`tc_stages`) for ``attn_tc_cluster``."""
+    stages = tc_stages(ks) if stages is None else stages
+    return (tc_block_m(dp, ks) + 2 * stages * tc_block_n(dp)) * dp * 2
 
 
 def simt_smem(d: int, dv: int, itemsize: int) -> int:
@@ -428,13 +478,19 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     if splits is None:
         splits = forced_split()
     resident = props.sm_count * max(1, occ(kernel, threads, smem))
+    cluster = 1
     if splits is None:
         splits = choose_splits(row_blocks, _cdiv(lk, bn), resident)
+        if kernel.startswith("cunorm::attn_tc<"):
+            cluster = tc_cluster(props, dp, ks, splits, _cdiv(lk, bn))
+            if cluster > 1:
+                kernel, splits = tc_cluster_kernel(ctype, dp), cluster
+                smem = tc_smem(dp, ks, TC_CLUSTER_STAGES)
     blocks = row_blocks
     if splits == 1 and kernel.startswith("cunorm::attn_wg"):
         blocks = wg_blocks(dp, groups, lk, causal, row_blocks, resident, forced_persistent())
     return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (blocks, 1, splits), threads,
-                    smem, row_tiles, splits, row_blocks)
+                    smem, row_tiles, splits, row_blocks, cluster)
 
 
 def all_kernel_names(arch: int) -> list[str]:
@@ -448,6 +504,9 @@ def all_kernel_names(arch: int) -> list[str]:
                   if tc_key_split(dp, 1) > 1]
         if arch == 90:
             names += [wg_kernel(ctype, dp, groups) for dp, groups in WG_TILES]
+        if arch >= 90 and TC_CLUSTER > 1:
+            names += [tc_cluster_kernel(ctype, dp) for dp in TC_TILES
+                      if tc_key_split(dp, 1) > 1 and dp % TC_CLUSTER == 0]
     for dtype in SIMT_DTYPES:
         ctype = CTYPE[dtype]
         names += [f"cunorm::attn_simt<{ctype}, {n}>" for n in range(1, MAX_HEAD_DIM // 32 + 1)]

@@ -90,7 +90,7 @@ class Launch:
         null = _NULL
         lse_arg = null if lse is None else lse
         plan = self.plan
-        if plan.splits > 1:
+        if plan.needs_combine:
             # one workspace: the unnormalized partial rows, then their (row max, row sum)
             rows = plan.splits * self.part_rows
             work = cupy.empty(rows * (self.dv + 2), self.work)  # freed stream-ordered
@@ -101,12 +101,12 @@ class Launch:
         self.kernel(plan.grid, (plan.block,),
                     (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask,
                      *self.args[vec]), shared_mem=plan.smem)
-        if (plan.splits > 1 and self.dependent is not None
+        if (plan.needs_combine and self.dependent is not None
                 and cupy.cuda.runtime.getDevice() == self.dependent.device):
             self.dependent.fire(cupy.cuda.get_current_stream().ptr,
                                 (int(o_part), int(stat_part), out.data.ptr,
                                  0 if lse is None else lse.data.ptr), self.combine_bytes)
-        elif plan.splits > 1:
+        elif plan.needs_combine:
             self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
                          (o_part, stat_part, out, lse_arg, self.combine_args))
 
@@ -206,7 +206,7 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
                                          causal=causal)
     combine = kernel_for(plan.combine)
     dependent = None  # one per plan: its grid is the plan's part rows, B * Hkv * group * Lq
-    if plan.splits > 1 and _pdl.available(props.arch):
+    if plan.needs_combine and _pdl.available(props.arch):
         dependent = _pdl.DependentLaunch(combine, dev, bsz * hkv * group * lq,
                                          _attn_dispatch.COMBINE_THREADS, 4,
                                          (COMBINE_ARGS.itemsize,))

@@ -54,8 +54,9 @@ def kernel_names(arch: int) -> list[str]:
     >>> names = kernel_names(90)
     >>> len(names) == len(set(names))
     True
-    >>> sorted({n.split("<")[0] for n in names})[:4]
-    ['cunorm::attn_combine', 'cunorm::attn_simt', 'cunorm::attn_tc', 'cunorm::attn_wg']
+    >>> sorted({n.split("<")[0] for n in names})[:5]  # doctest: +NORMALIZE_WHITESPACE
+    ['cunorm::attn_combine', 'cunorm::attn_simt', 'cunorm::attn_tc',
+     'cunorm::attn_tc_cluster', 'cunorm::attn_wg']
     """
     return _dispatch.all_kernel_names(arch)
 

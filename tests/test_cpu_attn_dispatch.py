@@ -210,6 +210,37 @@ def test_splits_fit_one_wave(row_blocks: int, key_tiles: int, resident: int,
     assert -(-key_tiles // s) < -(-key_tiles // max(1, s - 1)) or s == 1
 
 
+def test_cluster_merges_decoding_splits(monkeypatch) -> None:
+    """Decoding rows that would take at least TC_CLUSTER key splits of at most
+    TC_CLUSTER_MAX_TILES key tiles take exactly that many, as one cluster that merges them
+    (attn_tc_cluster): no workspace, no attn_combine. Not where the device's clusters are
+    smaller, the split is forced, the rows are longer or fill the GPU, or the path is another
+    kernel's."""
+    h200 = DeviceProps("fake H200", (9, 0), 132, 2048, 232448, 233472, 50 << 20, max_cluster=16)
+    decode = a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, h200, occ2)
+    assert decode.kernel == a.tc_cluster_kernel("cunorm::bf16_t", 128)
+    assert decode.kernel == ("cunorm::attn_tc_cluster<cunorm::bf16_t, 128, 64, "
+                             f"{a.TC_CLUSTER_STAGES}, 16>")
+    assert decode.grid == (8, 1, 16) and decode.splits == decode.cluster == 16
+    assert not decode.needs_combine
+    assert decode.smem == a.tc_smem(128, a.TC_KEY_SPLIT, a.TC_CLUSTER_STAGES)
+    assert decode.kernel in a.all_kernel_names(90)
+    assert decode.kernel not in a.all_kernel_names(80)
+    unsplit = a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, H100, occ2)
+    assert unsplit.cluster == 1 and unsplit.splits > a.TC_CLUSTER and unsplit.needs_combine
+    with a.force_split(16):
+        forced = a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, h200, occ2)
+    assert forced.cluster == 1 and forced.kernel == a.tc_kernel("cunorm::bf16_t", 128, 4)
+    long = a.plan_attention("bfloat16", 128, 128, 1, 4160, 1, 8, 4, h200, occ2)  # 65 tiles
+    assert long.cluster == 1 and long.splits > a.TC_CLUSTER
+    batched = a.plan_attention("bfloat16", 128, 128, 1, 4096, 32, 8, 4, h200, occ2)
+    assert batched.cluster == 1 and batched.splits < a.TC_CLUSTER
+    assert a.plan_attention("float32", 128, 128, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
+    assert a.plan_attention("bfloat16", 160, 160, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
+    monkeypatch.setattr(a, "TC_CLUSTER", 0)
+    assert a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
+
+
 def test_force_split() -> None:
     with a.force_split(5):
         assert a.forced_split() == 5
@@ -242,8 +273,11 @@ def test_kernel_files_and_names() -> None:
         names = a.all_kernel_names(arch)
         wg = 2 * len(a.WG_TILES) if arch == 90 else 0
         key_split = sum(bn == 64 for bn, _ in a.TC_TILES.values())  # attn_tc KS = 4
+        # attn_tc_cluster: the key-split head dims a cluster's blocks divide (sm_90)
+        cluster = 2 * sum(bn == 64 and dp % a.TC_CLUSTER == 0
+                          for dp, (bn, _) in a.TC_TILES.items()) if arch == 90 else 0
         assert len(names) == len(set(names)) == 2 * (len(a.TC_TILES) + key_split) + wg \
-            + 2 * 8 + 4
+            + cluster + 2 * 8 + 4
         assert all(_dispatch.kernel_file(n) == "attention.cu" for n in names)
         assert set(names) <= set(_dispatch.all_kernel_names(arch))
 

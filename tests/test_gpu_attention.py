@@ -690,3 +690,47 @@ def test_jax_round_trip(monkeypatch):
         cunorm.attention(qj, kj, vj, out=qj)
     with pytest.raises(TypeError, match="k is a numpy array but q is a jax array"):
         cunorm.attention(qj, kh, vj)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize(("d", "lq", "lk", "causal", "masked"), [
+    (128, 1, 4096, False, False),  # the decoding benchmark's shortest cache
+    (64, 1, 4003, False, True),    # ragged last key tile, a boolean mask with dead keys
+    (96, 3, 3001, True, False),    # 3 query positions a head: 12 rows, causal bottom-right
+    (32, 1, 2048, False, False),   # 32 tiles: 2 a split
+])
+def test_clustered_key_splits(rng, dtype, d, lq, lk, causal, masked):
+    """Decoding rows whose key splits run as one cluster merging them in distributed shared
+    memory (attn_tc_cluster) write what the workspace merge (the same split count forced,
+    attn_combine) writes, within rounding, and are within the float64 reference's bounds;
+    lse as well. Also a fully masked row (every key dropped) gives 0 and -inf."""
+    dispatch = importlib.import_module("cunorm._attn_dispatch")
+    hkv, group = 2, 4
+    q = cupy.asarray(rng.standard_normal((1, hkv * group, lq, d))).astype(dtype)
+    k, v = (cupy.asarray(rng.standard_normal((1, hkv, lk, d))).astype(dtype) for _ in range(2))
+    mask = None
+    if masked:
+        keep = rng.random((1, hkv * group, lq, lk)) > 0.3
+        keep[0, 1] = False  # query head 1 sees no key
+        mask = cupy.asarray(keep)
+    out = cupy.full(q.shape, np.nan, dtype)  # poisoned
+    lse = cupy.full(q.shape[:-1], np.nan, np.float32)
+    launch = launch_module().prepare(q, k, v, out, causal=causal, scale=1 / math.sqrt(d),
+                                     mask=mask, lse=lse)
+    props = importlib.import_module("cunorm._device").device_props(q.data.device_id)
+    if not props.has_clusters or props.max_cluster < dispatch.TC_CLUSTER:
+        pytest.skip(f"this GPU runs no clusters of {dispatch.TC_CLUSTER} blocks")
+    assert launch.plan.splits == dispatch.TC_CLUSTER and "attn_tc_cluster<" in launch.plan.kernel
+    got, got_lse = cunorm.attention(q, k, v, causal=causal, mask=mask, return_lse=True,
+                                    out=out)
+    with force_split(dispatch.TC_CLUSTER):
+        ws, ws_lse = cunorm.attention(q, k, v, causal=causal, mask=mask, return_lse=True)
+    ref, ref_lse = reference(q, k, v, causal=causal, mask=mask)
+    assert not cupy.isnan(got).any() and not cupy.isnan(got_lse).any()
+    err = row_errors(got, ref)
+    assert err.max() <= TOL[dtype.name], err.max()
+    assert err.max() <= 1.01 * row_errors(ws, ref).max() + 2 * UNIT[dtype.name]
+    np.testing.assert_allclose(to_host(got_lse), ref_lse, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(to_host(got_lse), to_host(ws_lse), rtol=1e-6, atol=1e-6)
+    if masked:
+        assert (to_host(got)[0, 1] == 0).all() and np.isneginf(to_host(got_lse)[0, 1]).all()
