@@ -174,8 +174,6 @@ template <typename T> struct AttnOut {
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (!ok) return;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const i64 head = static_cast<i64>(t.kvh) * group + r / lq;
-    const i64 pos = r % lq;
     if (gridDim.z > 1) {
       const i64 prow =
           (static_cast<i64>(blockIdx.z) * (gridDim.x / row_tiles) + blockIdx.x / row_tiles) * t.rows + r;
@@ -192,8 +190,7 @@ template <typename T> struct AttnOut {
       }
       return;
     }
-    const float row_lse = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -Math<float>::inf();
-    T* dst = o + t.b * o_sb + head * o_sh + pos * o_sl;
+    T* const dst = row_out(t, group, lq, r);
 #pragma unroll
     for (int j = 0; j < ND; ++j) {
       const int col = j * 8 + (lane & 3) * 2;
@@ -205,7 +202,18 @@ template <typename T> struct AttnOut {
         if (col + 1 < dv) dst[col + 1] = from_compute<T>(y1);
       }
     }
-    if (lse != nullptr && (lane & 3) == 0) lse[t.b * lse_sb + head * lse_sh + pos * lse_sl] = row_lse;
+    if ((lane & 3) == 0) row_lse(t, group, lq, r, m, l);
+  }
+  // The output row of flattened row r of tile t (query head kvh * G + r / Lq, position r % Lq).
+  __device__ __forceinline__ T* row_out(const AttnTile& t, int group, i64 lq, i64 r) const {
+    return o + t.b * o_sb + (static_cast<i64>(t.kvh) * group + r / lq) * o_sh + (r % lq) * o_sl;
+  }
+  // Its lse, if asked for, from the row max m (log2 units) and row sum l: -inf for l = 0.
+  __device__ __forceinline__ void row_lse(const AttnTile& t, int group, i64 lq, i64 r, float m,
+                                          float l) const {
+    if (lse == nullptr) return;
+    lse[t.b * lse_sb + (static_cast<i64>(t.kvh) * group + r / lq) * lse_sh + (r % lq) * lse_sl] =
+        l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -Math<float>::inf();
   }
 };
 
@@ -509,9 +517,7 @@ __device__ __forceinline__ void attn_load_q(T* tile, const T* q, const AttnTile&
 template <typename T, int DP, int ND, int CM>
 __device__ __forceinline__ void attn_cluster_merge(float* state, const float* acc, const float* m,
                                                    const float* l, bool mine, const AttnTile& t,
-                                                   int group, i64 lq, int dv, T* o, i64 o_sb,
-                                                   i64 o_sh, i64 o_sl, float* lse, i64 lse_sb,
-                                                   i64 lse_sh, i64 lse_sl) {
+                                                   int group, i64 lq, const AttnOut<T>& out) {
   static_assert(DP % CM == 0, "a block merges DP / CM columns");
   constexpr int SW = DP + 2;
   constexpr int CW = DP / CM;
@@ -557,12 +563,8 @@ __device__ __forceinline__ void attn_cluster_merge(float* state, const float* ac
       sum += e * cluster_load(Cluster<CM>::remote_addr(row + DP + 1, c));
       y += e * cluster_load(Cluster<CM>::remote_addr(row + col, c));
     }
-    const i64 head = static_cast<i64>(t.kvh) * group + r / lq;
-    const i64 pos = r % lq;
-    if (col < dv) o[t.b * o_sb + head * o_sh + pos * o_sl + col] = from_compute<T>(sum > 0.0f ? y / sum : 0.0f);
-    if (lse != nullptr && rank == 0 && idx % CW == 0)
-      lse[t.b * lse_sb + head * lse_sh + pos * lse_sl] =
-          sum > 0.0f ? (mx + log2f(sum)) * 0.6931471805599453f : -Math<float>::inf();
+    if (col < out.dv) out.row_out(t, group, lq, r)[col] = from_compute<T>(sum > 0.0f ? y / sum : 0.0f);
+    if (rank == 0 && idx % CW == 0) out.row_lse(t, group, lq, r, mx, sum);
   }
   Cluster<CM>::sync();
 }
@@ -776,13 +778,12 @@ __device__ __forceinline__ void attn_tc_rows(CUNORM_ATTN_PACKED_PARAMS) {
     }
   }
 
+  const AttnOut<T> out = CUNORM_ATTN_OUT;
   if constexpr (CM > 1) {
     attn_cluster_merge<T, DP, ND, CM>(reinterpret_cast<float*>(vs), &acc[0][0][0], m[0], l[0],
-                                      kw == 0, t, group, lq, dv, o, o_sb, o_sh, o_sl, lse,
-                                      lse_sb, lse_sh, lse_sl);
+                                      kw == 0, t, group, lq, out);
     return;
   }
-  const AttnOut<T> out = CUNORM_ATTN_OUT;
 #pragma unroll
   for (int mi = 0; mi < MW; ++mi) {
 #pragma unroll

@@ -90,7 +90,8 @@ class Launch:
         null = _NULL
         lse_arg = null if lse is None else lse
         plan = self.plan
-        if plan.needs_combine:
+        combine = plan.needs_combine
+        if combine:
             # one workspace: the unnormalized partial rows, then their (row max, row sum)
             rows = plan.splits * self.part_rows
             work = cupy.empty(rows * (self.dv + 2), self.work)  # freed stream-ordered
@@ -101,12 +102,12 @@ class Launch:
         self.kernel(plan.grid, (plan.block,),
                     (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask,
                      *self.args[vec]), shared_mem=plan.smem)
-        if (plan.needs_combine and self.dependent is not None
+        if (combine and self.dependent is not None
                 and cupy.cuda.runtime.getDevice() == self.dependent.device):
             self.dependent.fire(cupy.cuda.get_current_stream().ptr,
                                 (int(o_part), int(stat_part), out.data.ptr,
                                  0 if lse is None else lse.data.ptr), self.combine_bytes)
-        elif plan.needs_combine:
+        elif combine:
             self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
                          (o_part, stat_part, out, lse_arg, self.combine_args))
 
