@@ -383,11 +383,12 @@ template <int DP> struct Swizzle {
 // [0, ncols), zero-filling the rest of the ROWS x DP tile; 16-byte chunk c of row rr goes to
 // LAYOUT::offset(rr, c) (Swizzle for ldmatrix, Sw128 for wgmma). vec: every row start is 16-byte
 // aligned and ncols % 8 == 0, so whole chunks go by cp.async (zero-filled by src-size 0).
-template <int ROWS, int DP, class LAYOUT, typename T, class ROWOFF>
+template <int ROWS, int DP, class LAYOUT, int THREADS, typename T, class ROWOFF>
 __device__ __forceinline__ void attn_load_tile(T* tile, const T* src, const ROWOFF& row_off,
                                                int nrows, int ncols, bool vec) {
   constexpr int kChunks = DP / 8;
-  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += blockDim.x) {
+#pragma unroll 1  // the general path: rolled, it keeps few registers live (attn_ws's loader)
+  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += THREADS) {
     const int rr = idx / kChunks;
     const int c = idx % kChunks;
     T* dst = tile + LAYOUT::offset(rr, c);
@@ -436,7 +437,7 @@ __device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, in
       return;
     }
   }
-  attn_load_tile<ROWS, DP, LAYOUT>(tile, src, [&](int rr) { return rr * ld; }, nrows, ncols, vec);
+  attn_load_tile<ROWS, DP, LAYOUT, THREADS>(tile, src, [&](int rr) { return rr * ld; }, nrows, ncols, vec);
 }
 
 // A thread's share of the K (or V) tiles of one (batch, KV head) for attn_tc: rows at stride
@@ -497,7 +498,7 @@ __device__ __forceinline__ void attn_load_q(T* tile, const T* q, const AttnTile&
         tile, q + t.b * q_sb + (head0 + t.g0) * q_sh + t.i_min * q_sl, q_sl, nrows, ncols, vec);
     return;
   }
-  attn_load_tile<BM, DP, LAYOUT>(
+  attn_load_tile<BM, DP, LAYOUT, THREADS>(
       tile, q, [&](int rr) {
         const i64 r = t.r0 + rr;
         return t.b * q_sb + (head0 + r / lq) * q_sh + (r % lq) * q_sl;
@@ -918,13 +919,132 @@ CUNORM_WGMMA(bf16_t, "bf16")
 #undef CUNORM_R64
 #endif  // CUNORM_SM90A
 
+#if defined(CUNORM_SM90A)
+// One warpgroup's 64 query rows in attn_wg and attn_ws: the shared-memory addresses of its
+// wgmma operands (its Q rows, the K and V stages), the scores S of a key tile, their
+// probabilities P (16-bit A fragments, one per k16 slice of the keys), the output accumulator
+// and the online-softmax state of this thread's rows r0 and r0 + 8 (AttnScores' layout).
+// BM: the block's query rows (the Q tile's column-block stride).
+template <typename T, int DP, int BN, int BM> struct WgRows {
+  static constexpr int NB = BN / 8;  // n8 blocks of scores
+  static constexpr int ND = DP / 8;  // n8 blocks of output
+  static constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
+  unsigned q_addr, k_addr, v_addr;
+  float s[BN / 2];
+  unsigned p[BN / 16][4];
+  float acc[DP / 2];
+  float m[2], l[2], alpha[2];
+  i64 r0;
+  bool row_ok[2];
+  i64 pos[2];
+
+  // A row tile's start: warp w of the warpgroup's block (w / 4: its warpgroup) owns rows
+  // 16 w .. 16 w + 15 of tile t.
+  __device__ __forceinline__ void start(const AttnTile& t, i64 lq, int warp) {
+    r0 = t.r0 + warp * 16 + (threadIdx.x & 31) / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_ok[h] = r0 + 8 * h < t.rows;
+      pos[h] = row_ok[h] ? (r0 + 8 * h) % lq : 0;
+    }
+    m[0] = m[1] = -Math<float>::inf();
+    l[0] = l[1] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DP / 2; ++i) acc[i] = 0.0f;
+  }
+  // S = Q K^T of the tile in K stage `stage` (issued, not waited).
+  __device__ __forceinline__ void qk(int stage) {
+    wg_pin<BN / 2>(s);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      const unsigned col = (kk & 3) * 32;  // byte offset of the k16 slice in a 128-byte line
+      const unsigned long long da = wg_desc(q_addr + (kk >> 2) * BM * 128 + col, 16, 1024);
+      const unsigned long long db =
+          wg_desc(k_addr + stage * BN * DP * 2 + (kk >> 2) * BN * 128 + col, 16, 1024);
+      Wgmma<T, BN>::ss(s, da, db, kk > 0);
+    }
+    wg_commit();
+  }
+  __device__ __forceinline__ void to_p() {
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[kt][e] = PairFromFloat<T>::cvt(s[8 * kt + 2 * e], s[8 * kt + 2 * e + 1]);
+    }
+  }
+  // O += P V with V in stage `stage` (issued, not waited).
+  __device__ __forceinline__ void pv(int stage) {
+    wg_pin<DP / 2>(acc);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+#pragma unroll
+      for (int n = 0; n < DP / ON; ++n) {
+        const unsigned long long db = wg_desc(
+            v_addr + stage * BN * DP * 2 + kt * 16 * 128 + n * (ON / 64) * BN * 128, BN * 128, 1024);
+        Wgmma<T, ON>::rs(acc + n * (ON / 2), p[kt], db);
+      }
+    }
+    wg_commit();
+  }
+  // P of a row tile's first key tile (keys from n0), its S issued: s_done() runs once S is in.
+  template <class DONE>
+  __device__ __forceinline__ void first(const AttnScores<T>& scores, const AttnTile& t, i64 n0,
+                                        DONE s_done) {
+    wg_wait<0>();
+    wg_pin<BN / 2>(s);
+    s_done();
+    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+    to_p();
+  }
+  // With S of the next key tile (keys from n0) and this tile's P V issued, in that order: the
+  // softmax of the new S, then the output rescaled once P V is done, and P of the new S.
+  // s_done() and pv_done() run as each completes.
+  template <class S_DONE, class PV_DONE>
+  __device__ __forceinline__ void step(const AttnScores<T>& scores, const AttnTile& t, i64 n0,
+                                       S_DONE s_done, PV_DONE pv_done) {
+    wg_wait<1>();
+    wg_pin<BN / 2>(s);
+    s_done();
+    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+    // Pin the softmax results before the wait so the compiler front end keeps the source
+    // order. (ptxas still schedules its wgmma wait ahead of the row maxima and exponentials,
+    // so the softmax runs after P V. Behind a never-taken warp-uniform branch the wait stays
+    // below them, and every attn_wg kernel measured the same: attention profile record,
+    // section 12.)
+    wg_pin<BN / 2>(s);
+    wg_pin<2>(alpha);
+    wg_pin<2>(l);
+    wg_wait<0>();
+    wg_pin<DP / 2>(acc);
+    wg_pin<BN / 4>(&p[0][0]);
+    pv_done();
+    attn_rescale<ND>(acc, alpha);
+    to_p();
+  }
+  // The last key tile's P V, issued and waited for.
+  __device__ __forceinline__ void last(int stage) {
+    pv(stage);
+    wg_wait<0>();
+    wg_pin<DP / 2>(acc);
+  }
+  __device__ __forceinline__ void store(const AttnOut<T>& out, const AttnTile& t, int group,
+                                        i64 lq) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) out.template tc_row<ND>(acc, h, m[h], l[h], r0 + 8 * h, row_ok[h], t, group, lq);
+  }
+};
+#endif  // CUNORM_SM90A
+
 // Row tile `round` of a persistent attn_wg block: rounds of gridDim.x tiles, in block order on
 // even rounds and in reverse on odd ones. A head's row tiles come heaviest first under a causal
 // mask (attn_tile); with a grid of a multiple of row_tiles blocks, taking every round in block
 // order would give each block the same position, heaviest or lightest, in every round.
-__device__ __forceinline__ unsigned attn_wg_item(unsigned round) {
-  return round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+__device__ __forceinline__ unsigned attn_wg_item(unsigned round, unsigned grid) {
+  return round * grid + ((round & 1) ? grid - 1 - blockIdx.x : blockIdx.x);
 }
+__device__ __forceinline__ unsigned attn_wg_item(unsigned round) { return attn_wg_item(round, gridDim.x); }
 
 // WG warpgroups x 64 query rows (BM = 64 WG), BN keys per tile, DP = head dim padded to 64.
 // K and V tiles are double-buffered by cp.async. Within an iteration the warpgroup issues
@@ -943,9 +1063,6 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   griddep_launch_dependents();  // as in attn_tc
   constexpr int BM = 64 * WG;
   constexpr int THREADS = 128 * WG;
-  constexpr int NB = BN / 8;  // n8 blocks of scores
-  constexpr int ND = DP / 8;  // n8 blocks of output
-  constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
   // a persistent grid's loop (attn_wg_item): at DP = 256 it spilled (28 bytes, ptxas sm_90a)
   constexpr bool kPersistent = DP <= 192;
   CUNORM_DYNAMIC_SMEM(smem_raw);
@@ -989,112 +1106,42 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   };
   load_first();
   const AttnScores<T> scores = CUNORM_ATTN_SCORES;
-  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(qs)) + (warp >> 2) * 64 * 128;
-  const unsigned k_addr = static_cast<unsigned>(__cvta_generic_to_shared(ks));
-  const unsigned v_addr = static_cast<unsigned>(__cvta_generic_to_shared(vs));
+  WgRows<T, DP, BN, BM> rows;
+  rows.q_addr = smem_addr(qs) + (warp >> 2) * 64 * 128;
+  rows.k_addr = smem_addr(ks);
+  rows.v_addr = smem_addr(vs);
+  const auto nothing = [] {};
 
-  // S = Q K^T of the tile in K stage `stage` (issued, not waited).
-  float s[BN / 2];
-  auto qk = [&](int stage) {
-    wg_pin<BN / 2>(s);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) {
-      const unsigned col = (kk & 3) * 32;  // byte offset of the k16 slice in a 128-byte line
-      const unsigned long long da = wg_desc(q_addr + (kk >> 2) * BM * 128 + col, 16, 1024);
-      const unsigned long long db =
-          wg_desc(k_addr + stage * BN * DP * 2 + (kk >> 2) * BN * 128 + col, 16, 1024);
-      Wgmma<T, BN>::ss(s, da, db, kk > 0);
-    }
-    wg_commit();
-  };
-  // P: the softmaxed scores as 16-bit A fragments, one per k16 slice of the tile's keys.
-  unsigned p[BN / 16][4];
-  auto to_p = [&]() {
-#pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[kt][e] = PairFromFloat<T>::cvt(s[8 * kt + 2 * e], s[8 * kt + 2 * e + 1]);
-    }
-  };
-  // O += P V with V in stage `stage` (issued, not waited).
-  float acc[DP / 2];
-  auto pv = [&](int stage) {
-    wg_pin<DP / 2>(acc);
-    wg_fence();
-#pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
-#pragma unroll
-      for (int n = 0; n < DP / ON; ++n) {
-        const unsigned long long db = wg_desc(
-            v_addr + stage * BN * DP * 2 + kt * 16 * 128 + n * (ON / 64) * BN * 128, BN * 128, 1024);
-        Wgmma<T, ON>::rs(acc + n * (ON / 2), p[kt], db);
-      }
-    }
-    wg_commit();
-  };
-
-  // Tile `tile`: P holds its probabilities; K of tile + 1 and V of tile are resident (or
+  // Key tile `tile`: P holds its probabilities; K of tile + 1 and V of tile are resident (or
   // landing). The tensor cores run S = Q K^T of the next tile, then P V, while the softmax of
-  // the new S runs under P V; the output is rescaled once P V is done. (The last tile, with
-  // no next, is peeled off so that every wgmma group here is unconditional: ptxas serializes
-  // wgmma when it cannot match a wait to its group.)
+  // the new S runs under P V (WgRows::step). (The last tile, with no next, is peeled off so
+  // that every wgmma group here is unconditional: ptxas serializes wgmma when it cannot match
+  // a wait to its group.)
   auto publish = [&]() {
     copy_async_wait<0>();  // K of tile + 1 and V of tile, issued one step ago
     fence_proxy_async();
     __syncthreads();  // ... visible to all, and every warpgroup is done with the stages refilled next
   };
   for (;;) {
-    const i64 r0 = t.r0 + warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8
-    bool row_ok[2];
-    i64 pos[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_ok[h] = r0 + 8 * h < t.rows;
-      pos[h] = row_ok[h] ? (r0 + 8 * h) % lq : 0;
-    }
-    float m[2] = {-Math<float>::inf(), -Math<float>::inf()};
-    float l[2] = {0.0f, 0.0f};
-    float alpha[2];
-#pragma unroll
-    for (int i = 0; i < DP / 2; ++i) acc[i] = 0.0f;
+    rows.start(t, lq, warp);
     // P of the first key tile, once Q and its K have landed.
     copy_async_wait<1>();
     fence_proxy_async();
     __syncthreads();
     if (tb < te) {
-      qk(base);
-      wg_wait<0>();
-      wg_pin<BN / 2>(s);
-      scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, tb * BN, scores.edge(t, tb * BN, BN));
-      to_p();
+      rows.qk(base);
+      rows.first(scores, t, tb * BN, nothing);
     }
     for (i64 tile = tb; tile + 1 < te; ++tile) {
       const int st = static_cast<int>((tile - tb) & 1) ^ base;
       publish();
-      qk(st ^ 1);
-      pv(st);
+      rows.qk(st ^ 1);
+      rows.pv(st);
       // The next loads go to the stages this iteration does not read, issued under the MMAs.
       if (tile + 2 < te) load_k(tile + 2, st);
       load_v(tile + 1, st ^ 1);
       copy_async_commit();
-      wg_wait<1>();
-      wg_pin<BN / 2>(s);
-      const i64 n0 = (tile + 1) * BN;
-      scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
-      // Pin the softmax results before the wait so the compiler front end keeps the source
-      // order. (ptxas still schedules its wgmma wait ahead of the row maxima and exponentials,
-      // so the softmax runs after P V. Behind a never-taken warp-uniform branch the wait stays
-      // below them, and every attn_wg kernel measured the same: attention profile record,
-      // section 12.)
-      wg_pin<BN / 2>(s);
-      wg_pin<2>(alpha);
-      wg_pin<2>(l);
-      wg_wait<0>();
-      wg_pin<DP / 2>(acc);
-      wg_pin<BN / 4>(&p[0][0]);
-      attn_rescale<ND>(acc, alpha);
-      to_p();
+      rows.step(scores, t, (tile + 1) * BN, nothing, nothing);
     }
     const bool any_keys = tb < te;
     const int last_stage = static_cast<int>((te - 1 - tb) & 1) ^ base;
@@ -1111,17 +1158,174 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
       if (any_keys) base = last_stage ^ 1;  // the V stage the last P V does not read
       load_first();
     }
-    if (any_keys) {
-      pv(last_stage);
-      wg_wait<0>();
-      wg_pin<DP / 2>(acc);
-    }
-    const AttnOut<T> out = CUNORM_ATTN_OUT;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) out.template tc_row<ND>(acc, h, m[h], l[h], r0 + 8 * h, row_ok[h], done, group, lq);
+    if (any_keys) rows.last(last_stage);
+    rows.store(CUNORM_ATTN_OUT, done, group, lq);
     if (next >= static_cast<unsigned>(items)) break;
   }
   copy_async_wait<0>();
+#else
+  __trap();  // planned only for sm_90a builds
+#endif
+}
+
+// Warp-specialized forward (sm_90a; FlashAttention-3's division of labour): warpgroup 0
+// loads, warpgroups 1 .. CW compute, 64 query rows each (BM = 64 CW; the planner uses CW = 2),
+// on a persistent grid (or a block per row tile, when the planner says). The loader gives its
+// registers to the others (setmaxnreg) and keeps Q, ST stages of K and ST of V filled with
+// cp.async; each buffer has a `full` mbarrier (128 arrivals: every loader thread once its
+// copies have landed and been fenced for wgmma's proxy) and an `empty` one (128 CW arrivals:
+// every computing thread once the wgmma that read it has completed). So the
+// compute warpgroups hold no load addresses and issue no loads, and a row tile's Q and first
+// K / V tiles land while the previous tile's last P V and output stores run. Each compute
+// warpgroup runs attn_wg's loop on its rows (S of the next tile and P V of this one in
+// flight under the softmax). Every role walks the same row tiles (attn_wg_item) and the same
+// K / V sequence, so buffer b's k-th use is the same load everywhere: slot k % ST, phase
+// (k / ST) & 1.
+template <typename T, int DP, int BN, int ST, int CW>
+__global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS) {
+#if defined(CUNORM_SM90A)
+  griddep_launch_dependents();  // as in attn_tc
+  constexpr int BM = 64 * CW;
+  // registers a thread: the launch's share, 56 for the loader, the rest for the computers
+  constexpr int kLaunchRegs = (65536 / (128 * (CW + 1))) & ~7;
+  constexpr int kLoaderRegs = 56;
+  constexpr int kComputeRegs = ((kLaunchRegs * (CW + 1) - kLoaderRegs) / CW) & ~7;
+  static_assert(kLoaderRegs >= 24 && kComputeRegs <= 256 && kLoaderRegs % 8 == 0 &&
+                    kLoaderRegs + CW * kComputeRegs <= (CW + 1) * kLaunchRegs,
+                "setmaxnreg: multiples of 8 in [24, 256], within the launch's registers");
+  constexpr unsigned kLoaders = 128, kComputers = 128 * CW;
+  CUNORM_DYNAMIC_SMEM(smem_raw);
+  const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
+  T* const qs = reinterpret_cast<T*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+  T* const ks = qs + BM * DP;       // ST stages of BN x DP
+  T* const vs = ks + ST * BN * DP;  // ST stages
+  // mbarriers (shared addresses, 8 bytes apart): Q full / empty, then K full / empty and
+  // V full / empty per stage
+  const unsigned q_full = smem_addr(vs + ST * BN * DP), q_empty = q_full + 8;
+  const unsigned k_full = q_full + 16, k_empty = k_full + 8 * ST;
+  const unsigned v_full = k_empty + 8 * ST, v_empty = v_full + 8 * ST;
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, kLoaders);
+    mbar_init(q_empty, kComputers);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(k_full + 8 * s, kLoaders);
+      mbar_init(k_empty + 8 * s, kComputers);
+      mbar_init(v_full + 8 * s, kLoaders);
+      mbar_init(v_empty + 8 * s, kComputers);
+    }
+  }
+  __syncthreads();
+  const int role = threadIdx.x >> 7;  // 0 loads; r > 0 computes rows 64 (r - 1) ...
+  if (role == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kLoaderRegs) : "memory");
+    typedef AttnTileLoader<BN, DP, Sw128<BN>, 128, T> Loader;
+    // A load is signalled one load late: its copies are waited for (cp.async groups) after the
+    // next one is issued, then fenced for the async proxy and published by the arrival. Before
+    // waiting for a buffer to empty, the loader publishes what it holds back unless the buffer
+    // is free already: the computing warpgroups may need that load to free it.
+    unsigned pending = 0;  // the full barrier of the load held back (0: none)
+    auto issued = [&](unsigned full) {
+      copy_async_commit();
+      if (pending != 0) {
+        copy_async_wait<1>();
+        fence_proxy_async();
+        mbar_arrive(pending);
+      }
+      pending = full;
+    };
+    auto wait_empty = [&](unsigned empty, unsigned parity) {
+      if (pending != 0 && !mbar_test(empty, parity)) {
+        copy_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(pending);
+        pending = 0;
+      }
+      mbar_wait(empty, parity);
+    };
+    // Q is loaded once a round; K and V tiles go in pairs, one count for both. The loaders'
+    // state is rebuilt for every tile, from the strides and column counts as opaque values:
+    // computed once a row tile, or hoisted out of the loop over row tiles, it spilled the
+    // loading warpgroup's registers to local memory.
+    unsigned kv_uses = 0;
+    for (unsigned round = 0, item = blockIdx.x; item < static_cast<unsigned>(items);) {
+      const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM, item);
+      i64 tb, te;
+      attn_key_range(t, lq, lk, causal, BN, tb, te);
+      wait_empty(q_empty, (round & 1) ^ 1);
+      const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
+      i64 q_ld = q_sl;
+      asm volatile("" : "+l"(q_ld));
+      attn_load_q<BM, DP, Sw128<BM>, 128>(qs, q, t, lq, group, q_sb, q_sh, q_ld, q_rows, d, vec != 0);
+      issued(q_full);
+      const T* const k_rows = k + t.b * k_sb + t.kvh * k_sh;
+      const T* const v_rows = v + t.b * v_sb + t.kvh * v_sh;
+      // (key tiles fit 32 bits: 2^31 tiles of 64 keys would be 2^37 keys)
+      for (int tile = static_cast<int>(tb); tile < static_cast<int>(te); ++tile, ++kv_uses) {
+        const i64 n0 = static_cast<i64>(tile) * BN;
+        const int nrows = static_cast<int>(min(static_cast<i64>(BN), lk - n0));
+        const unsigned stage = kv_uses % ST, empty_parity = ((kv_uses / ST) & 1) ^ 1;
+        i64 k_ld = k_sl, v_ld = v_sl;
+        int k_cols = d, v_cols = dv;
+        asm volatile("" : "+l"(k_ld), "+l"(v_ld), "+r"(k_cols), "+r"(v_cols));
+        wait_empty(k_empty + 8 * stage, empty_parity);
+        Loader(k_rows, k_ld, k_cols, vec != 0).load(ks + stage * BN * DP, n0, nrows);
+        issued(k_full + 8 * stage);
+        wait_empty(v_empty + 8 * stage, empty_parity);
+        Loader(v_rows, v_ld, v_cols, vec != 0).load(vs + stage * BN * DP, n0, nrows);
+        issued(v_full + 8 * stage);
+      }
+      unsigned grid;  // (the grid size, kept through the round, was spilled too)
+      asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(grid));
+      item = attn_wg_item(++round, grid);
+    }
+    copy_async_wait<0>();
+    fence_proxy_async();
+    if (pending != 0) mbar_arrive(pending);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kComputeRegs) : "memory");
+  const int warp = (threadIdx.x >> 5) - 4;  // computing warp: rows 16 warp of the tile
+  const AttnScores<T> scores = CUNORM_ATTN_SCORES;
+  WgRows<T, DP, BN, BM> rows;
+  rows.q_addr = smem_addr(qs) + (warp >> 2) * 64 * 128;
+  rows.k_addr = smem_addr(ks);
+  rows.v_addr = smem_addr(vs);
+  unsigned kv_uses = 0;  // as the loader's
+  for (unsigned round = 0, item = blockIdx.x; item < static_cast<unsigned>(items);
+       item = attn_wg_item(++round)) {
+    const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM, item);
+    i64 tb, te;
+    attn_key_range(t, lq, lk, causal, BN, tb, te);
+    rows.start(t, lq, warp);
+    mbar_wait(q_full, round & 1);
+    if (tb < te) {
+      const unsigned stage = kv_uses % ST;
+      mbar_wait(k_full + 8 * stage, (kv_uses / ST) & 1);
+      rows.qk(stage);
+      rows.first(scores, t, tb * BN, [&] { mbar_arrive(k_empty + 8 * stage); });
+    }
+    // Key tile `tile` (K / V use kv_uses): S of the next tile and this one's P V in flight
+    // under the softmax, each buffer freed as its wgmma completes.
+    for (i64 tile = tb; tile + 1 < te; ++tile, ++kv_uses) {
+      const unsigned stage = kv_uses % ST, next = (kv_uses + 1) % ST;
+      mbar_wait(k_full + 8 * next, ((kv_uses + 1) / ST) & 1);
+      rows.qk(next);
+      mbar_wait(v_full + 8 * stage, (kv_uses / ST) & 1);
+      rows.pv(stage);
+      rows.step(scores, t, (tile + 1) * BN, [&] { mbar_arrive(k_empty + 8 * next); },
+                [&] { mbar_arrive(v_empty + 8 * stage); });
+    }
+    mbar_arrive(q_empty);  // every S of the tile is done
+    if (tb < te) {
+      const unsigned stage = kv_uses % ST;
+      mbar_wait(v_full + 8 * stage, (kv_uses / ST) & 1);
+      rows.last(stage);
+      mbar_arrive(v_empty + 8 * stage);
+      ++kv_uses;
+    }
+    rows.store(CUNORM_ATTN_OUT, t, group, lq);
+  }
 #else
   __trap();  // planned only for sm_90a builds
 #endif

@@ -1063,10 +1063,50 @@ __device__ __forceinline__ float cluster_load(unsigned addr) {
 // block's mbarrier (initialized with one arrival) completes a phase once its one thread has
 // called mail_expect for the phase and the peers' st.async posts have brought that many bytes;
 // the posts may land before the expect.
+// Block-scope mbarriers by 32-bit shared address (smem_addr): mbar_init(bar, count) completes
+// a phase after `count` arrivals (mbar_arrive, release semantics; its users publish the init
+// with a block barrier); phase k completes with parity k & 1, and a wait for parity 1 before
+// the first phase returns at once. mbar_test: whether phase `parity` has completed, without
+// waiting; mbar_wait: until it has (both acquire).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
+  unsigned done = 1;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("{\n\t.reg .pred p;\n\t"
+               "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
+               "selp.u32 %0, 1, 0, p;\n\t}"
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+  return done != 0;
+}
+// (acquire.cluster: also the wait of ClusterMail, whose peers' posts complete the phase)
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+  unsigned done = 0;
+  do {
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+#endif
+}
 __device__ __forceinline__ void mail_init(unsigned long long* bar) {
 #if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;"
-               ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))) : "memory");
+  mbar_init(smem_addr(bar), 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void mail_expect(unsigned long long* bar, unsigned bytes) {
@@ -1092,16 +1132,7 @@ __device__ __forceinline__ void mail_post(V* slot, unsigned peer, const V& v, un
 }
 // Every thread that reads the mail: wait for phase `parity` (the k-th exchange: k & 1).
 __device__ __forceinline__ void mail_wait(unsigned long long* bar, unsigned parity) {
-#if __CUDA_ARCH__ >= 900
-  const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-  unsigned done = 0;
-  do {
-    asm volatile("{\n\t.reg .pred p;\n\t"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}"
-                 : "=r"(done) : "r"(bar_addr), "r"(parity) : "memory");
-  } while (!done);
-#endif
+  mbar_wait(smem_addr(bar), parity);
 }
 
 // Cluster all-reduce by message (sm_90). Each block posts its block-reduced value to every

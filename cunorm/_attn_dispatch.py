@@ -7,7 +7,9 @@ so every branch is unit-tested on a CPU.
 A launch covers, for every (batch, KV head), the ``G * Lq`` query rows of that KV head's
 ``G = Hq / Hkv`` query heads, flattened (grouped-query attention shares each K/V tile across the
 group). float16 / bfloat16 run on tensor cores: on compute capability 9.0 with warpgroup MMA
-(``attn_wg``, sm_90a, 64 or 128 query rows per block), elsewhere, for head dims up to 32 and for
+(``attn_wg``, sm_90a, 64 or 128 query rows per block; for head dims 64 and 128 on rows that
+fill the GPU, the warp-specialized ``attn_ws``: one warpgroup loads, two compute), elsewhere,
+for head dims up to 32 and for
 fewer than WG_MIN_ROWS rows per KV head, with warp-level ``mma.sync`` (``attn_tc``, 64 rows);
 float32 / float64 on the SIMT path (``attn_simt``, 8 rows per block). When the row tiles cannot
 fill the GPU (decoding: ``Lq = 1``), the keys are split over ``splits`` blocks per row tile
@@ -72,6 +74,20 @@ WG_PERSISTENT_MAX_KEYS = 4096
 #: less than 128-row ones)
 WG_MAX_SMALL_DIM = 32
 WG_MIN_ROWS = 64
+#: Warp-specialized attn_ws (sm_90a; attention.cu): a loading warpgroup keeps Q and the K / V
+#: stages filled through mbarriers, and CW computing warpgroups of 64 query rows each run
+#: attn_wg's loop, on a persistent grid. Head dim (padded) -> (keys per tile, K / V stages,
+#: CW). H200, bf16, 16k tokens, TFLOP/s attn_wg / attn_ws in one process, two rounds
+#: (.exp-style A/B, benchmarks/results/nvidia-h200-2026-11-27-warp-specialized-profile.txt):
+#: D = 128, L = 512 ... 16384: 293 / 323, 360 / 405, 406 / 462, 433 / 486, 447 / 501,
+#: 448 / 508; causal 199 / 203, 272 / 302, 341 / 393, 395 / 438, 417 / 468, 447 / 505 (+2-16%).
+#: D = 64: 237 / 230, 290 / 286, 328 / 322, 342 / 348, 346 / 365, 356 / 377; causal
+#: 150 / 145, 211 / 208, 267 / 264, 305 / 305, 332 / 326, 346 / 357. Three computing
+#: warpgroups (64-key tiles, 152 registers) ran 2-17% below two at D = 64; three K / V stages
+#: measured within 0-4% of two at D = 128.
+WS_TILES: dict[int, tuple[int, int, int]] = {64: (128, 2, 2), 128: (128, 2, 2)}
+#: (head dim, causal) -> the fewest keys for attn_ws (else attn_wg), from the table above
+WS_MIN_KEYS = {(64, False): 4096, (64, True): 16384}
 #: tensor-core path: query rows per block and warp row tile (4 warps x 16; x MW, see
 #: tc_row_tiles_per_warp), threads, head dims compiled
 TC_BLOCK_M = 64
@@ -165,6 +181,8 @@ _FORCED_GROUPS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "cunorm_attn_warpgroups", default=None)
 _FORCED_PERSISTENT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "cunorm_attn_persistent", default=None)
+_FORCED_WS: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "cunorm_attn_warp_specialized", default=None)
 
 
 @contextlib.contextmanager
@@ -237,10 +255,34 @@ def forced_persistent() -> int | None:
     return _FORCED_PERSISTENT.get()
 
 
-def forced_choices() -> tuple[int | None, int | None, int | None]:
-    """``(forced_split(), forced_warpgroups(), forced_persistent())``: part of the key of
-    every memoized plan."""
-    return _FORCED_SPLIT.get(), _FORCED_GROUPS.get(), _FORCED_PERSISTENT.get()
+@contextlib.contextmanager
+def force_warp_specialized(enabled: bool | None) -> Iterator[None]:
+    """Force or forbid the warp-specialized kernel (``attn_ws``) in every warpgroup-MMA plan
+    made inside the block (tests, measurements): ``True`` wherever its kernel exists (head
+    dims in WS_TILES, no forced split, warpgroups or grid), ``False`` never; ``None``
+    restores the planner's choice (:func:`uses_ws`).
+
+    Examples
+    --------
+    >>> with force_warp_specialized(False):
+    ...     pass  # cunorm.attention(q, k, v) here runs attn_wg on an H100 / H200
+    """
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ValueError(f"force_warp_specialized(): enabled must be True, False or None, "
+                         f"got {enabled!r}")
+    with context_value(_FORCED_WS, enabled):
+        yield
+
+
+def forced_warp_specialized() -> bool | None:
+    """The choice forced by the innermost :func:`force_warp_specialized`, or ``None``."""
+    return _FORCED_WS.get()
+
+
+def forced_choices() -> tuple[int | None, int | None, int | None, bool | None]:
+    """``(forced_split(), forced_warpgroups(), forced_persistent(),
+    forced_warp_specialized())``: part of the key of every memoized plan."""
+    return _FORCED_SPLIT.get(), _FORCED_GROUPS.get(), _FORCED_PERSISTENT.get(), _FORCED_WS.get()
 
 
 def padded_head_dim(d: int, dv: int) -> int:
@@ -337,7 +379,7 @@ def packed_args(kernel: str) -> bool:
     (attn_tc, attn_simt: fewer arguments, less host time per launch) rather than as plain
     parameters in the struct's order (attn_wg: the struct made it 2.4x slower on an H200;
     see attention.cu)."""
-    return not kernel.startswith("cunorm::attn_wg<")
+    return not kernel.startswith(("cunorm::attn_wg<", "cunorm::attn_ws<"))
 
 
 def wg_groups(dp: int, lk: int, causal: bool, forced: int | None = None) -> int:
@@ -373,6 +415,41 @@ def wg_smem(dp: int, groups: int = 2) -> int:
     """Shared memory of ``attn_wg``: the Q tile and two stages of K and V tiles (16-bit), plus
     1 KB to align them to the 1024-byte period of wgmma's 128-byte swizzle."""
     return (WG_ROWS * groups + 4 * WG_TILES[dp, groups]) * dp * 2 + 1024
+
+
+def uses_ws(dp: int, lk: int, causal: bool, row_blocks: int, sm_count: int) -> bool:
+    """Whether a warpgroup-MMA launch at padded head dim ``dp`` runs on ``attn_ws``: a kernel
+    exists for ``dp``, nothing else is forced (:func:`force_split`, :func:`force_warpgroups`,
+    :func:`force_persistent`), and, unless :func:`force_warp_specialized` says, rows of at
+    least WS_MIN_KEYS keys whose ``row_blocks`` row tiles (of :func:`ws_rows` rows) fill
+    ``sm_count`` SMs without a key split."""
+    if dp not in WS_TILES or any(c is not None for c in forced_choices()[:3]):
+        return False
+    forced = forced_warp_specialized()
+    if forced is not None:
+        return forced
+    return row_blocks >= sm_count and lk >= WS_MIN_KEYS.get((dp, causal), 0)
+
+
+def ws_kernel(ctype: str, dp: int) -> str:
+    return f"cunorm::attn_ws<{ctype}, {dp}, {', '.join(map(str, WS_TILES[dp]))}>"
+
+
+def ws_rows(dp: int) -> int:
+    """Query rows of an ``attn_ws`` block: 64 a computing warpgroup."""
+    return WG_ROWS * WS_TILES[dp][2]
+
+
+def ws_threads(dp: int) -> int:
+    """Threads of an ``attn_ws`` block: the loading warpgroup and the computing ones."""
+    return WG_GROUP_THREADS * (WS_TILES[dp][2] + 1)
+
+
+def ws_smem(dp: int) -> int:
+    """Shared memory of ``attn_ws``: the Q tile, the K and V stages, the 1 KB swizzle alignment
+    and the mbarriers (two for Q, four a stage)."""
+    bn, stages, _ = WS_TILES[dp]
+    return (ws_rows(dp) + 2 * stages * bn) * dp * 2 + 1024 + 8 * (2 + 4 * stages)
 
 
 def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int) -> bool:
@@ -436,10 +513,10 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     --------
     >>> from cunorm._device import DeviceProps
     >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
-    >>> p = plan_attention("bfloat16", 128, 128, 4096, 4096, 4, 16, 1, h100, lambda k, b, s: 2)
-    >>> p.kernel, p.items, p.grid, p.splits  # 2048 row tiles on a persistent grid
-    ('cunorm::attn_wg<cunorm::bf16_t, 128, 128, 2>', 2048, (264, 1, 1), 1)
-    >>> plan_attention("bfloat16", 64, 64, 4096, 4096, 4, 32, 1, h100, lambda k, b, s: 2).kernel
+    >>> p = plan_attention("bfloat16", 128, 128, 4096, 4096, 4, 16, 1, h100, lambda k, b, s: 1)
+    >>> p.kernel, p.items, p.grid, p.splits, p.block  # 2048 row tiles on a persistent grid
+    ('cunorm::attn_ws<cunorm::bf16_t, 128, 128, 2, 2>', 2048, (132, 1, 1), 1, 384)
+    >>> plan_attention("bfloat16", 64, 64, 1024, 1024, 16, 32, 1, h100, lambda k, b, s: 2).kernel
     'cunorm::attn_wg<cunorm::bf16_t, 64, 128, 1>'
     >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits
     32
@@ -452,12 +529,18 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         raise ValueError("attention plan needs lq, lk, batch, hkv and group >= 1")
     ctype = CTYPE[dtype]
     rows = group * lq
+    ws = False
     if uses_wgmma(dtype, d, dv, rows, props.arch):
         dp = wg_head_dim(d, dv)
+        ws = splits is None and uses_ws(dp, lk, causal, _cdiv(rows, ws_rows(dp)) * batch * hkv
+                                        if dp in WS_TILES else 0, props.sm_count)
         groups = wg_groups(dp, lk, causal, forced_warpgroups())
         bn = WG_TILES[dp, groups]
         kernel = wg_kernel(ctype, dp, groups)
         smem, threads, bm = wg_smem(dp, groups), WG_GROUP_THREADS * groups, WG_ROWS * groups
+        if ws:
+            kernel, smem = ws_kernel(ctype, dp), ws_smem(dp)
+            threads, bm = ws_threads(dp), ws_rows(dp)
     elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
         bn = tc_block_n(dp)
@@ -479,6 +562,8 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         splits = forced_split()
     resident = props.sm_count * max(1, occ(kernel, threads, smem))
     cluster = 1
+    if ws:
+        splits = 1
     if splits is None:
         splits = choose_splits(row_blocks, _cdiv(lk, bn), resident)
         if kernel.startswith("cunorm::attn_tc<"):
@@ -487,6 +572,10 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
                 kernel, splits = tc_cluster_kernel(ctype, dp), cluster
                 smem = tc_smem(dp, ks, TC_CLUSTER_STAGES)
     blocks = row_blocks
+    if ws and not (causal and lk > WG_PERSISTENT_MAX_KEYS):
+        # a persistent grid but for long causal rows, as attn_wg's (WG_PERSISTENT_MAX_KEYS):
+        # causal D = 128, L = 16384 ran at 0.82x of attn_wg on one, 1.13x on a block per tile
+        blocks = min(row_blocks, resident)
     if splits == 1 and kernel.startswith("cunorm::attn_wg"):
         blocks = wg_blocks(dp, groups, lk, causal, row_blocks, resident, forced_persistent())
     return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (blocks, 1, splits), threads,
@@ -504,6 +593,7 @@ def all_kernel_names(arch: int) -> list[str]:
                   if tc_key_split(dp, 1) > 1]
         if arch == 90:
             names += [wg_kernel(ctype, dp, groups) for dp, groups in WG_TILES]
+            names += [ws_kernel(ctype, dp) for dp in WS_TILES]
         if arch >= 90 and TC_CLUSTER > 1:
             names += [tc_cluster_kernel(ctype, dp) for dp in TC_TILES
                       if tc_key_split(dp, 1) > 1 and dp % TC_CLUSTER == 0]

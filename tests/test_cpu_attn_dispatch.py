@@ -57,7 +57,8 @@ def test_warpgroups_per_block(dp: int, lk: int, causal: bool, groups: int) -> No
     """One warpgroup at D = 64 and on short causal rows, two otherwise; no one-warpgroup
     kernel past D = 128."""
     assert a.wg_groups(dp, lk, causal) == groups
-    p = a.plan_attention("bfloat16", dp, dp, lk, lk, 1, 4, 2, H100, occ2, causal=causal)
+    with a.force_warp_specialized(False):
+        p = a.plan_attention("bfloat16", dp, dp, lk, lk, 1, 4, 2, H100, occ2, causal=causal)
     assert p.kernel.endswith(f", {groups}>") and p.block == 128 * groups
 
 
@@ -71,7 +72,8 @@ def test_persistent_grids(dp: int, lk: int, causal: bool, persistent: bool) -> N
     """A grid of the resident blocks for two-warpgroup blocks or causal rows up to
     WG_PERSISTENT_MAX_KEYS keys, when the row tiles outnumber them; a block per row tile
     otherwise, for split-KV launches and where fewer row tiles than resident blocks exist."""
-    p = a.plan_attention("bfloat16", dp, dp, lk, lk, 8, 8, 1, H100, occ2, causal=causal)
+    with a.force_warp_specialized(False):
+        p = a.plan_attention("bfloat16", dp, dp, lk, lk, 8, 8, 1, H100, occ2, causal=causal)
     assert p.items == p.row_tiles * 64 and p.splits == 1
     resident = H100.sm_count * 2
     assert p.grid == ((resident if persistent else p.items), 1, 1)
@@ -99,7 +101,7 @@ def test_forced_persistent() -> None:
     for split-KV launches or past WG_PERSISTENT_MAX_DIM, never on sm_80), is part of the plan
     memo key, and refuses anything but None or an int >= 0."""
     with a.force_persistent(3):
-        assert a.forced_choices() == (None, None, 3)
+        assert a.forced_choices() == (None, None, 3, None)
         assert a.plan_attention("float16", 64, 64, 1000, 1000, 2, 8, 1, H100, occ2).grid \
             == (3, 1, 1)
         assert a.plan_attention("float16", 64, 64, 64, 64, 1, 2, 1, H100, occ2).grid \
@@ -119,18 +121,64 @@ def test_forced_persistent() -> None:
 def test_forced_warpgroups() -> None:
     """force_warpgroups overrides the rule where the kernel exists and is part of the plan
     memo key; bad counts are refused."""
-    assert a.forced_choices() == (None, None, None)
+    assert a.forced_choices() == (None, None, None, None)
     for forced in (1, 2):
         with a.force_warpgroups(forced), a.force_split(3):
-            assert a.forced_choices() == (3, forced, None)
+            assert a.forced_choices() == (3, forced, None, None)
             for dp in (64, 128):
                 p = a.plan_attention("float16", dp, dp, 512, 512, 1, 4, 1, H100, occ2)
                 assert p.kernel.endswith(f", {forced}>")
             p = a.plan_attention("float16", 256, 256, 512, 512, 1, 4, 1, H100, occ2)
             assert p.kernel.endswith(", 2>")
-    assert a.forced_choices() == (None, None, None)
+    assert a.forced_choices() == (None, None, None, None)
     with pytest.raises(ValueError, match="groups must be 1, 2 or None"):
         with a.force_warpgroups(3):
+            pass
+
+
+def occ1(kernel: str, block: int, smem: int) -> int:
+    return 1
+
+
+@pytest.mark.parametrize(("dtype", "d", "dp"), [("bfloat16", 128, 128), ("float16", 80, 128),
+                                                ("bfloat16", 64, 64), ("float16", 40, 64)])
+def test_warp_specialized_kernel(dtype: str, d: int, dp: int) -> None:
+    """attn_ws: head dims 64 and 128 (padded) on sm_90 whose row tiles fill the SMs, at D =
+    128 for any row length, at D = 64 from WS_MIN_KEYS keys; a persistent grid but for long
+    causal rows; never with a forced split, warpgroup count or grid, never on sm_80, past
+    D = 128 or on rows too few to fill the GPU; force_warp_specialized overrides the rule."""
+    bn, stages, cw = a.WS_TILES[dp]
+    ws = f"cunorm::attn_ws<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {stages}, {cw}>"
+    for lk, causal in ((512, False), (4096, False), (16384, False), (512, True), (16384, True)):
+        p = a.plan_attention(dtype, d, d, lk, lk, 16384 // lk, 2048 // dp, 1, H100, occ1,
+                             causal=causal)
+        if lk < a.WS_MIN_KEYS.get((dp, causal), 0):
+            assert p.kernel.startswith("cunorm::attn_wg<"), (lk, causal)
+            continue
+        assert p.kernel == ws and ws in a.all_kernel_names(90) and ws not in a.all_kernel_names(80)
+        assert p.block == 128 * (cw + 1) and p.splits == 1 and p.cluster == 1
+        assert p.row_tiles == -(-lk // (64 * cw))
+        assert p.items == p.row_tiles * (16384 // lk) * (2048 // dp)
+        assert p.smem == (64 * cw + 2 * stages * bn) * dp * 2 + 1024 + 8 * (2 + 4 * stages)
+        assert p.smem <= H100.smem_per_block_optin
+        persistent = not (causal and lk > a.WG_PERSISTENT_MAX_KEYS)
+        assert p.grid == ((H100.sm_count if persistent else p.items), 1, 1), (lk, causal)
+    # rows that cannot fill the SMs (4 x 128-row tiles), forced choices, other head dims / archs
+    few = a.plan_attention(dtype, d, d, 512, 16384, 1, 1, 1, H100, occ1)
+    assert few.kernel.startswith("cunorm::attn_wg<") and few.splits > 1
+    for force in (a.force_split(1), a.force_warpgroups(2), a.force_persistent(0),
+                  a.force_warp_specialized(False)):
+        with force:
+            assert "attn_ws" not in a.plan_attention(dtype, d, d, 16384, 16384, 1, 16, 1, H100,
+                                                     occ1).kernel
+    assert "attn_ws" not in a.plan_attention(dtype, d, d, 16384, 16384, 1, 16, 1, A100, occ1).kernel
+    assert "attn_ws" not in a.plan_attention(dtype, 256, 256, 16384, 16384, 1, 16, 1, H100,
+                                             occ1).kernel
+    with a.force_warp_specialized(True):
+        assert a.forced_choices() == (None, None, None, True)
+        assert a.plan_attention(dtype, d, d, 512, 512, 1, 1, 1, H100, occ1).kernel == ws
+    with pytest.raises(ValueError, match="enabled must be True, False or None"):
+        with a.force_warp_specialized(1):
             pass
 
 
@@ -271,7 +319,7 @@ def test_shared_memory_limit() -> None:
 def test_kernel_files_and_names() -> None:
     for arch in (80, 90):
         names = a.all_kernel_names(arch)
-        wg = 2 * len(a.WG_TILES) if arch == 90 else 0
+        wg = 2 * (len(a.WG_TILES) + len(a.WS_TILES)) if arch == 90 else 0
         key_split = sum(bn == 64 for bn, _ in a.TC_TILES.values())  # attn_tc KS = 4
         # attn_tc_cluster: the key-split head dims a cluster's blocks divide (sm_90)
         cluster = 2 * sum(bn == 64 and dp % a.TC_CLUSTER == 0
@@ -370,9 +418,9 @@ def test_dependent_launch_passes_its_arguments(monkeypatch) -> None:
 
 
 def test_packed_arguments_by_kernel() -> None:
-    """attn_tc and attn_simt take the AttnArgs struct; attn_wg plain parameters."""
+    """attn_tc and attn_simt take the AttnArgs struct; attn_wg and attn_ws plain parameters."""
     for arch in (80, 90):
         for name in a.all_kernel_names(arch):
             if "attn_combine" in name:
                 continue
-            assert a.packed_args(name) == ("attn_wg<" not in name), name
+            assert a.packed_args(name) == ("attn_wg<" not in name and "attn_ws<" not in name), name

@@ -34,11 +34,13 @@ HEAD_DIMS = [(16, 16), (32, 32), (40, 40), (64, 64), (80, 80), (96, 96), (128, 1
              (160, 160), (256, 256), (64, 32)]
 #: None: the dispatcher's choice; then every forced split-KV count (1 = no split)
 SPLITS = [None, 1, 2, 7]
-#: (split-KV count, warpgroups per block, persistent grid) forced together: every split, then
-#: each warpgroup count of the sm_90 warpgroup kernel, then persistent grids of one block (every
-#: row tile in its own round) and of three (elsewhere the planner ignores the last two)
-CHOICES = [(split, None, None) for split in SPLITS] + [(None, 1, None), (None, 2, None),
-                                                         (None, 1, 1), (None, 2, 1), (None, 2, 3)]
+#: (split-KV count, warpgroups per block, persistent grid, warp-specialized kernel) forced
+#: together: every split, then each warpgroup count of the sm_90 warpgroup kernel, persistent
+#: grids of one block (every row tile in its own round) and of three, then attn_ws (head dims
+#: 33-128) and attn_wg without it (elsewhere the planner ignores the last three)
+CHOICES = ([(split, None, None, None) for split in SPLITS]
+           + [(None, 1, None, None), (None, 2, None, None), (None, 1, 1, None), (None, 2, 1, None),
+              (None, 2, 3, None), (None, None, None, True), (None, None, None, False)])
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -54,11 +56,13 @@ def force_split(n: int | None):
 
 
 @contextlib.contextmanager
-def force_choices(split: int | None, groups: int | None, blocks: int | None = None):
-    """``split`` KV splits, ``groups`` warpgroups per block and a persistent grid of
-    ``blocks`` forced (None: the planner's)."""
+def force_choices(split: int | None, groups: int | None, blocks: int | None = None,
+                  ws: bool | None = None):
+    """``split`` KV splits, ``groups`` warpgroups per block, a persistent grid of ``blocks``
+    and the warp-specialized kernel (``ws``) forced (None: the planner's)."""
     dispatch = importlib.import_module("cunorm._attn_dispatch")
-    with force_split(split), dispatch.force_warpgroups(groups), dispatch.force_persistent(blocks):
+    with force_split(split), dispatch.force_warpgroups(groups), \
+            dispatch.force_persistent(blocks), dispatch.force_warp_specialized(ws):
         yield
 
 
@@ -267,14 +271,14 @@ def test_matches_reference(rng, dtype, d, dv, causal):
         live = ~np.isneginf(ref_lse).reshape(-1)
         nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live]
                      .max(initial=0.0))
-        for split, groups, blocks in CHOICES:
+        for split, groups, blocks, ws in CHOICES:
             out[...] = np.nan  # every element must be written
-            with force_choices(split, groups, blocks):
+            with force_choices(split, groups, blocks, ws):
                 res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
                                             return_lse=True)
             assert res is out
             check(out, lse, ref, ref_lse, nerr, dtype,
-                  f"{sc.name} split={split} groups={groups} blocks={blocks}")
+                  f"{sc.name} split={split} groups={groups} blocks={blocks} ws={ws}")
         # no out=, no lse: a fresh CuPy array of the broadcast shape
         res = cunorm.attention(q, k, v, causal=causal, mask=mask)
         check(res, None, ref, ref_lse, nerr, dtype, f"{sc.name} fresh")
@@ -334,22 +338,25 @@ def test_fully_masked_rows_and_empty_chunks(rng, dtype, split):
         assert_is_value(host[:, :, 2], cupy.asnumpy(v)[:, :, -1], dtype, "last key only")
 
 
-@pytest.mark.parametrize(("split", "blocks"), [(s, None) for s in SPLITS] + [(None, 1), (None, 2)])
-def test_causal_lq_greater_than_lk(rng, split, blocks):
+@pytest.mark.parametrize(("split", "blocks", "ws"),
+                         [(s, None, None) for s in SPLITS] + [(None, 1, None), (None, 2, None),
+                                                              (None, None, True)])
+def test_causal_lq_greater_than_lk(rng, split, blocks, ws):
     """Bottom-right alignment: with Lq = 200 > Lk = 25 the first 175 queries see nothing, so
     the first two 64-row tiles of each head have no key (a persistent block, forced, passes
-    through them between tiles that have)."""
+    through them between tiles that have; attn_ws's loader loads only their Q)."""
     q = cupy.asarray(randn(rng, (1, 2, 200, 64), np.float16))
     k = cupy.asarray(randn(rng, (1, 2, 25, 64), np.float16))
     v = cupy.asarray(randn(rng, (1, 2, 25, 64), np.float16))
-    with force_choices(split, 1, blocks):
+    with force_choices(split, None if ws else 1, blocks, ws):
         out, lse = cunorm.attention(q, k, v, causal=True, return_lse=True)
     host, lh = cupy.asnumpy(out), cupy.asnumpy(lse)
     assert np.all(host[:, :, :175] == 0) and np.all(np.isneginf(lh[:, :, :175]))
     ref, ref_lse = reference(q, k, v, causal=True)
     nerr = float(row_errors(naive(q, k, v, causal=True), ref)[
         ~np.isneginf(ref_lse).reshape(-1)].max())
-    check(out, lse, ref, ref_lse, nerr, np.dtype(np.float16), f"split={split} blocks={blocks}")
+    check(out, lse, ref, ref_lse, nerr, np.dtype(np.float16),
+          f"split={split} blocks={blocks} ws={ws}")
 
 
 # --- layouts: what reaches the launcher ------------------------------------------------------
@@ -734,3 +741,46 @@ def test_clustered_key_splits(rng, dtype, d, lq, lk, causal, masked):
     np.testing.assert_allclose(to_host(got_lse), to_host(ws_lse), rtol=1e-6, atol=1e-6)
     if masked:
         assert (to_host(got)[0, 1] == 0).all() and np.isneginf(to_host(got_lse)[0, 1]).all()
+
+
+# (B, Hq, Hkv, Lq, Lk, causal, mask): rows that fill an H100 / H200 with 128-row tiles (so
+# the planner's own persistent attn_ws grid runs several rounds a block), query tiles that
+# span heads (grouped queries, Lq not a multiple of the tile), ragged key tiles, a boolean
+# mask with a fully masked head, causal rows longer and shorter than the keys
+WS_CASES = [(8, 16, 16, 1024, 1024, False, False), (4, 8, 8, 600, 600, True, False),
+            (3, 16, 4, 333, 517, True, False), (2, 32, 8, 277, 1000, False, True),
+            (2, 16, 16, 700, 129, True, False), (1, 64, 8, 300, 300, False, False)]
+
+
+@pytest.mark.parametrize("case", WS_CASES, ids=lambda c: "x".join(map(str, c[:5])) + "c" * c[5]
+                         + "m" * c[6])
+@pytest.mark.parametrize("d", [40, 64, 80, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_warp_specialized_kernel(rng, dtype, d, case):
+    """attn_ws (sm_90a; elsewhere the forced choice runs the planner's kernel) against the
+    float64 reference and, bit for bit, attn_wg on the same inputs where both take the same
+    key tiles (128 keys: all but causal rows of at most 512 keys at head dims 65-128, which
+    attn_wg runs on 64-key tiles); outputs poisoned."""
+    b, hq, hkv, lq, lk, causal, masked = case
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    q = cupy.asarray(randn(rng, (b, hq, lq, d), dt))
+    k, v = (cupy.asarray(randn(rng, (b, hkv, lk, d), dt)) for _ in range(2))
+    mask = None
+    if masked:
+        keep = rng.random((b, hq, lq, lk)) > 0.3
+        keep[0, 1] = False  # a fully masked head
+        mask = cupy.asarray(keep)
+    ref, ref_lse = reference(q, k, v, causal=causal, mask=mask)
+    live = ~np.isneginf(ref_lse).reshape(-1)
+    nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live].max(initial=0.0))
+    outs = {}
+    for ws in (True, False):
+        out = cupy.full((b, hq, lq, d), np.nan, dt)
+        with force_choices(None, None, None, ws):
+            res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
+                                        return_lse=True)
+        check(res, lse, ref, ref_lse, nerr, dt, f"ws={ws}")
+        outs[ws] = (cupy.asnumpy(res), cupy.asnumpy(lse))
+    if not (causal and lk <= 512 and d > 64):
+        assert np.array_equal(outs[True][0], outs[False][0], equal_nan=True)
+        assert np.array_equal(outs[True][1], outs[False][1])
