@@ -1171,8 +1171,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
 // Warp-specialized forward (sm_90a; FlashAttention-3's division of labour): warpgroup 0
 // loads, warpgroups 1 .. CW compute, 64 query rows each (BM = 64 CW; the planner uses CW = 2),
 // on a persistent grid (or a block per row tile, when the planner says). The loader gives its
-// registers to the others (setmaxnreg) and keeps Q, ST stages of K and ST of V filled with
-// cp.async; each buffer has a `full` mbarrier (128 arrivals: every loader thread once its
+// registers to the others (setmaxnreg) and keeps QS stages of Q (a row tile each), ST of K and
+// ST of V filled with cp.async; each buffer has a `full` mbarrier (128 arrivals: every loader thread once its
 // copies have landed and been fenced for wgmma's proxy) and an `empty` one (128 CW arrivals:
 // every computing thread once the wgmma that read it has completed). So the
 // compute warpgroups hold no load addresses and issue no loads, and a row tile's Q and first
@@ -1181,7 +1181,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
 // flight under the softmax). Every role walks the same row tiles (attn_wg_item) and the same
 // K / V sequence, so buffer b's k-th use is the same load everywhere: slot k % ST, phase
 // (k / ST) & 1.
-template <typename T, int DP, int BN, int ST, int CW>
+template <typename T, int DP, int BN, int ST, int CW, int QS>
 __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS) {
 #if defined(CUNORM_SM90A)
   griddep_launch_dependents();  // as in attn_tc
@@ -1197,16 +1197,19 @@ __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS)
   CUNORM_DYNAMIC_SMEM(smem_raw);
   const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
   T* const qs = reinterpret_cast<T*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
-  T* const ks = qs + BM * DP;       // ST stages of BN x DP
+  T* const ks = qs + QS * BM * DP;  // ST stages of BN x DP (after QS of Q)
   T* const vs = ks + ST * BN * DP;  // ST stages
-  // mbarriers (shared addresses, 8 bytes apart): Q full / empty, then K full / empty and
-  // V full / empty per stage
-  const unsigned q_full = smem_addr(vs + ST * BN * DP), q_empty = q_full + 8;
-  const unsigned k_full = q_full + 16, k_empty = k_full + 8 * ST;
+  // mbarriers (shared addresses, 8 bytes apart): Q full and empty per Q stage, then K full /
+  // empty and V full / empty per K / V stage
+  const unsigned q_full = smem_addr(vs + ST * BN * DP), q_empty = q_full + 8 * QS;
+  const unsigned k_full = q_empty + 8 * QS, k_empty = k_full + 8 * ST;
   const unsigned v_full = k_empty + 8 * ST, v_empty = v_full + 8 * ST;
   if (threadIdx.x == 0) {
-    mbar_init(q_full, kLoaders);
-    mbar_init(q_empty, kComputers);
+#pragma unroll
+    for (int s = 0; s < QS; ++s) {
+      mbar_init(q_full + 8 * s, kLoaders);
+      mbar_init(q_empty + 8 * s, kComputers);
+    }
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
       mbar_init(k_full + 8 * s, kLoaders);
@@ -1252,12 +1255,14 @@ __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS)
       const AttnTile t = attn_tile(hkv, group, lq, row_tiles, BM, item);
       i64 tb, te;
       attn_key_range(t, lq, lk, causal, BN, tb, te);
-      wait_empty(q_empty, (round & 1) ^ 1);
+      const unsigned q_stage = round % QS;
+      wait_empty(q_empty + 8 * q_stage, ((round / QS) & 1) ^ 1);
       const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
       i64 q_ld = q_sl;
       asm volatile("" : "+l"(q_ld));
-      attn_load_q<BM, DP, Sw128<BM>, 128>(qs, q, t, lq, group, q_sb, q_sh, q_ld, q_rows, d, vec != 0);
-      issued(q_full);
+      attn_load_q<BM, DP, Sw128<BM>, 128>(qs + q_stage * BM * DP, q, t, lq, group, q_sb, q_sh, q_ld,
+                                          q_rows, d, vec != 0);
+      issued(q_full + 8 * q_stage);
       const T* const k_rows = k + t.b * k_sb + t.kvh * k_sh;
       const T* const v_rows = v + t.b * v_sb + t.kvh * v_sh;
       // (key tiles fit 32 bits: 2^31 tiles of 64 keys would be 2^37 keys)
@@ -1288,7 +1293,7 @@ __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS)
   const int warp = (threadIdx.x >> 5) - 4;  // computing warp: rows 16 warp of the tile
   const AttnScores<T> scores = CUNORM_ATTN_SCORES;
   WgRows<T, DP, BN, BM> rows;
-  rows.q_addr = smem_addr(qs) + (warp >> 2) * 64 * 128;
+  const unsigned q_addr = smem_addr(qs) + (warp >> 2) * 64 * 128;
   rows.k_addr = smem_addr(ks);
   rows.v_addr = smem_addr(vs);
   unsigned kv_uses = 0;  // as the loader's
@@ -1298,7 +1303,9 @@ __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS)
     i64 tb, te;
     attn_key_range(t, lq, lk, causal, BN, tb, te);
     rows.start(t, lq, warp);
-    mbar_wait(q_full, round & 1);
+    const unsigned q_stage = round % QS;
+    rows.q_addr = q_addr + q_stage * BM * DP * 2;
+    mbar_wait(q_full + 8 * q_stage, (round / QS) & 1);
     if (tb < te) {
       const unsigned stage = kv_uses % ST;
       mbar_wait(k_full + 8 * stage, (kv_uses / ST) & 1);
@@ -1307,16 +1314,16 @@ __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS)
     }
     // Key tile `tile` (K / V use kv_uses): S of the next tile and this one's P V in flight
     // under the softmax, each buffer freed as its wgmma completes.
-    for (i64 tile = tb; tile + 1 < te; ++tile, ++kv_uses) {
+    for (int tile = static_cast<int>(tb); tile + 1 < static_cast<int>(te); ++tile, ++kv_uses) {
       const unsigned stage = kv_uses % ST, next = (kv_uses + 1) % ST;
       mbar_wait(k_full + 8 * next, ((kv_uses + 1) / ST) & 1);
       rows.qk(next);
       mbar_wait(v_full + 8 * stage, (kv_uses / ST) & 1);
       rows.pv(stage);
-      rows.step(scores, t, (tile + 1) * BN, [&] { mbar_arrive(k_empty + 8 * next); },
+      rows.step(scores, t, static_cast<i64>(tile + 1) * BN, [&] { mbar_arrive(k_empty + 8 * next); },
                 [&] { mbar_arrive(v_empty + 8 * stage); });
     }
-    mbar_arrive(q_empty);  // every S of the tile is done
+    mbar_arrive(q_empty + 8 * q_stage);  // every S of the tile is done
     if (tb < te) {
       const unsigned stage = kv_uses % ST;
       mbar_wait(v_full + 8 * stage, (kv_uses / ST) & 1);

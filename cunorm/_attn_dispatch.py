@@ -77,15 +77,17 @@ WG_MIN_ROWS = 64
 #: Warp-specialized attn_ws (sm_90a; attention.cu): a loading warpgroup keeps Q and the K / V
 #: stages filled through mbarriers, and CW computing warpgroups of 64 query rows each run
 #: attn_wg's loop, on a persistent grid. Head dim (padded) -> (keys per tile, K / V stages,
-#: CW). H200, bf16, 16k tokens, TFLOP/s attn_wg / attn_ws in one process, two rounds
+#: CW, Q stages). H200, bf16, 16k tokens, TFLOP/s attn_wg / attn_ws in one process, two rounds
 #: (.exp-style A/B, benchmarks/results/nvidia-h200-2026-11-27-warp-specialized-profile.txt):
 #: D = 128, L = 512 ... 16384: 293 / 323, 360 / 405, 406 / 462, 433 / 486, 447 / 501,
 #: 448 / 508; causal 199 / 203, 272 / 302, 341 / 393, 395 / 438, 417 / 468, 447 / 505 (+2-16%).
 #: D = 64: 237 / 230, 290 / 286, 328 / 322, 342 / 348, 346 / 365, 356 / 377; causal
 #: 150 / 145, 211 / 208, 267 / 264, 305 / 305, 332 / 326, 346 / 357. Three computing
 #: warpgroups (64-key tiles, 152 registers) ran 2-17% below two at D = 64; three K / V stages
-#: measured within 0-4% of two at D = 128.
-WS_TILES: dict[int, tuple[int, int, int]] = {64: (128, 2, 2), 128: (128, 2, 2)}
+#: measured within 0-4% of two at D = 128. A second Q stage (the next row tile's Q loaded a
+#: tile ahead) gained 1-4% at D = 64 and 0-3% at D = 128 (another H200, same record); at
+#: D = 128 it spilled the computing warpgroups' registers, so only D = 64 has it.
+WS_TILES: dict[int, tuple[int, int, int, int]] = {64: (128, 2, 2, 2), 128: (128, 2, 2, 1)}
 #: (head dim, causal) -> the fewest keys for attn_ws (else attn_wg), from the table above
 WS_MIN_KEYS = {(64, False): 4096, (64, True): 16384}
 #: tensor-core path: query rows per block and warp row tile (4 warps x 16; x MW, see
@@ -448,8 +450,9 @@ def ws_threads(dp: int) -> int:
 def ws_smem(dp: int) -> int:
     """Shared memory of ``attn_ws``: the Q tile, the K and V stages, the 1 KB swizzle alignment
     and the mbarriers (two for Q, four a stage)."""
-    bn, stages, _ = WS_TILES[dp]
-    return (ws_rows(dp) + 2 * stages * bn) * dp * 2 + 1024 + 8 * (2 + 4 * stages)
+    bn, stages, _, q_stages = WS_TILES[dp]
+    return ((q_stages * ws_rows(dp) + 2 * stages * bn) * dp * 2 + 1024
+            + 8 * (2 * q_stages + 4 * stages))
 
 
 def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int) -> bool:
@@ -515,7 +518,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     >>> h100 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 50 << 20)
     >>> p = plan_attention("bfloat16", 128, 128, 4096, 4096, 4, 16, 1, h100, lambda k, b, s: 1)
     >>> p.kernel, p.items, p.grid, p.splits, p.block  # 2048 row tiles on a persistent grid
-    ('cunorm::attn_ws<cunorm::bf16_t, 128, 128, 2, 2>', 2048, (132, 1, 1), 1, 384)
+    ('cunorm::attn_ws<cunorm::bf16_t, 128, 128, 2, 2, 1>', 2048, (132, 1, 1), 1, 384)
     >>> plan_attention("bfloat16", 64, 64, 1024, 1024, 16, 32, 1, h100, lambda k, b, s: 2).kernel
     'cunorm::attn_wg<cunorm::bf16_t, 64, 128, 1>'
     >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits

@@ -147,8 +147,8 @@ def test_warp_specialized_kernel(dtype: str, d: int, dp: int) -> None:
     128 for any row length, at D = 64 from WS_MIN_KEYS keys; a persistent grid but for long
     causal rows; never with a forced split, warpgroup count or grid, never on sm_80, past
     D = 128 or on rows too few to fill the GPU; force_warp_specialized overrides the rule."""
-    bn, stages, cw = a.WS_TILES[dp]
-    ws = f"cunorm::attn_ws<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {stages}, {cw}>"
+    bn, stages, cw, q_stages = a.WS_TILES[dp]
+    ws = f"cunorm::attn_ws<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {stages}, {cw}, {q_stages}>"
     for lk, causal in ((512, False), (4096, False), (16384, False), (512, True), (16384, True)):
         p = a.plan_attention(dtype, d, d, lk, lk, 16384 // lk, 2048 // dp, 1, H100, occ1,
                              causal=causal)
@@ -159,7 +159,8 @@ def test_warp_specialized_kernel(dtype: str, d: int, dp: int) -> None:
         assert p.block == 128 * (cw + 1) and p.splits == 1 and p.cluster == 1
         assert p.row_tiles == -(-lk // (64 * cw))
         assert p.items == p.row_tiles * (16384 // lk) * (2048 // dp)
-        assert p.smem == (64 * cw + 2 * stages * bn) * dp * 2 + 1024 + 8 * (2 + 4 * stages)
+        assert p.smem == ((64 * cw * q_stages + 2 * stages * bn) * dp * 2 + 1024
+                          + 8 * (2 * q_stages + 4 * stages))
         assert p.smem <= H100.smem_per_block_optin
         persistent = not (causal and lk > a.WG_PERSISTENT_MAX_KEYS)
         assert p.grid == ((H100.sm_count if persistent else p.items), 1, 1), (lk, causal)
