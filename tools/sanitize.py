@@ -128,35 +128,38 @@ def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
 
 def check_attention(rng: np.random.Generator) -> int:
     """Every attention kernel (tensor-core, SIMT, split-KV merge; on sm_90 the warpgroup
-    kernel with one and two warpgroups per block and persistent grids forced) on ragged
-    shapes, GQA, causal with Lq != Lk, masks, odd head dims and a strided layout."""
+    kernel with one and two warpgroups per block and persistent grids forced, and the
+    warp-specialized kernel) on ragged shapes, GQA, causal with Lq != Lk, masks, odd head dims
+    and a strided layout."""
     from cunorm import _attn_dispatch
 
     bad = 0
     shapes = [(1, 4, 2, 37, 70, 64, 64), (2, 2, 1, 1, 300, 128, 128), (1, 2, 2, 5, 9, 17, 33),
               (1, 2, 1, 70, 40, 256, 256), (1, 1, 1, 19, 33, 96, 96),
               (1, 2, 1, 40, 90, 128, 128)]
-    # (split-KV count, warpgroups per block, persistent grid blocks): None keeps the
-    # planner's choice; one-block persistent grids take every row tile in turn
-    choices = ((1, None, None), (3, None, None), (1, 1, None), (1, 2, None), (1, 1, 1),
-               (1, 2, 1))
+    # (split-KV count, warpgroups per block, persistent grid blocks, warp-specialized kernel):
+    # None keeps the planner's choice; one-block persistent grids take every row tile in turn
+    choices = ((1, None, None, None), (3, None, None, None), (1, 1, None, None),
+               (1, 2, None, None), (1, 1, 1, None), (1, 2, 1, None), (None, None, None, True))
     for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
         for b, hq, hkv, lq, lk, d, dv in shapes:
             q = cupy.asarray(rng.standard_normal((b, lq, hq, d)).astype(dt)).transpose(0, 2, 1, 3)
             k = cupy.asarray(rng.standard_normal((b, hkv, lk, d)).astype(dt))
             v = cupy.asarray(rng.standard_normal((b, hkv, lk, dv)).astype(dt))
             mask = cupy.asarray(rng.random((lq, lk)) < 0.8)
-            for split, groups, blocks in choices:
+            for split, groups, blocks, ws in choices:
                 for causal, m in ((False, None), (True, None), (False, mask)):
                     with _attn_dispatch.force_split(split), \
                             _attn_dispatch.force_warpgroups(groups), \
-                            _attn_dispatch.force_persistent(blocks):
+                            _attn_dispatch.force_persistent(blocks), \
+                            _attn_dispatch.force_warp_specialized(ws):
                         out, lse = cunorm.attention(q, k, v, causal=causal, mask=m,
                                                     return_lse=True)
                     o = cupy.asnumpy(out).astype(np.float64)
                     if not np.isfinite(o).all() or np.abs(o).max() > 10:
                         print(f"WRONG attention {np.dtype(dt).name} {(b, hq, hkv, lq, lk, d, dv)}"
-                              f" split={split} groups={groups} blocks={blocks} causal={causal}"
+                              f" split={split} groups={groups} blocks={blocks} ws={ws}"
+                              f" causal={causal}"
                               f" mask={m is not None}")
                         bad += 1
     return bad
