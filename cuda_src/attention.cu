@@ -1029,6 +1029,7 @@ template <typename T, int DP, int BN, int BM> struct WgRows {
     wg_wait<0>();
     wg_pin<DP / 2>(acc);
   }
+  // The rows' output (and lse) of tile t, normalized by the row sums (AttnOut::tc_row).
   __device__ __forceinline__ void store(const AttnOut<T>& out, const AttnTile& t, int group,
                                         i64 lq) const {
 #pragma unroll
@@ -1070,7 +1071,6 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
   T* const qs = reinterpret_cast<T*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
   T* const ks = qs + BM * DP;      // 2 stages of BN x DP
   T* const vs = ks + 2 * BN * DP;  // 2 stages
-  const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;  // warpgroup warp / 4 owns rows 64 (warp / 4) + 16 (warp % 4)
 
   // The block's row tiles: one when the grid has a block per tile, else (a persistent grid)

@@ -1059,10 +1059,6 @@ __device__ __forceinline__ float cluster_load(unsigned addr) {
   return v;
 }
 
-// Mail primitives (sm_90), shared by ClusterMail and the strided softmax's row exchange. A
-// block's mbarrier (initialized with one arrival) completes a phase once its one thread has
-// called mail_expect for the phase and the peers' st.async posts have brought that many bytes;
-// the posts may land before the expect.
 // Block-scope mbarriers by 32-bit shared address (smem_addr): mbar_init(bar, count) completes
 // a phase after `count` arrivals (mbar_arrive, release semantics; its users publish the init
 // with a block barrier); phase k completes with parity k & 1, and a wait for parity 1 before
@@ -1103,6 +1099,10 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   } while (!done);
 #endif
 }
+// Mail primitives (sm_90), shared by ClusterMail and the strided softmax's row exchange. A
+// block's mbarrier (initialized with one arrival) completes a phase once its one thread has
+// called mail_expect for the phase and the peers' st.async posts have brought that many bytes;
+// the posts may land before the expect.
 __device__ __forceinline__ void mail_init(unsigned long long* bar) {
 #if __CUDA_ARCH__ >= 900
   mbar_init(smem_addr(bar), 1);
