@@ -419,18 +419,19 @@ def wg_smem(dp: int, groups: int = 2) -> int:
     return (WG_ROWS * groups + 4 * WG_TILES[dp, groups]) * dp * 2 + 1024
 
 
-def uses_ws(dp: int, lk: int, causal: bool, row_blocks: int, sm_count: int) -> bool:
+def uses_ws(dp: int, lk: int, causal: bool, rows: int, heads: int, sm_count: int) -> bool:
     """Whether a warpgroup-MMA launch at padded head dim ``dp`` runs on ``attn_ws``: a kernel
     exists for ``dp``, nothing else is forced (:func:`force_split`, :func:`force_warpgroups`,
     :func:`force_persistent`), and, unless :func:`force_warp_specialized` says, rows of at
-    least WS_MIN_KEYS keys whose ``row_blocks`` row tiles (of :func:`ws_rows` rows) fill
-    ``sm_count`` SMs without a key split."""
+    least WS_MIN_KEYS keys whose row tiles (``rows`` query rows for each of ``heads`` (batch,
+    KV head) pairs, :func:`ws_rows` rows a tile) fill ``sm_count`` SMs without a key split."""
     if dp not in WS_TILES or any(c is not None for c in forced_choices()[:3]):
         return False
     forced = forced_warp_specialized()
     if forced is not None:
         return forced
-    return row_blocks >= sm_count and lk >= WS_MIN_KEYS.get((dp, causal), 0)
+    return (_cdiv(rows, ws_rows(dp)) * heads >= sm_count
+            and lk >= WS_MIN_KEYS.get((dp, causal), 0))
 
 
 def ws_kernel(ctype: str, dp: int) -> str:
@@ -535,8 +536,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     ws = False
     if uses_wgmma(dtype, d, dv, rows, props.arch):
         dp = wg_head_dim(d, dv)
-        ws = splits is None and uses_ws(dp, lk, causal, _cdiv(rows, ws_rows(dp)) * batch * hkv
-                                        if dp in WS_TILES else 0, props.sm_count)
+        ws = splits is None and uses_ws(dp, lk, causal, rows, batch * hkv, props.sm_count)
         groups = wg_groups(dp, lk, causal, forced_warpgroups())
         bn = WG_TILES[dp, groups]
         kernel = wg_kernel(ctype, dp, groups)
