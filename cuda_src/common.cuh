@@ -1087,17 +1087,36 @@ __device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
 #endif
   return done != 0;
 }
-// (acquire.cluster: also the wait of ClusterMail, whose peers' posts complete the phase)
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+// CLUSTER: acquire at cluster scope, for ClusterMail, whose peers' posts complete the phase.
+// Block scope otherwise: a cluster-scope acquire invalidates the SM's L1 at every wait
+// (CCTL.IVALL: 4% of attn_ws's computing warps' stall samples, ncu, H200, bf16 D = 64,
+// L = 512; at block scope attn_ws ran 1-1.6% faster at D = 64).
+template <bool CLUSTER = false> __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 #if __CUDA_ARCH__ >= 900
   unsigned done = 0;
   do {
-    asm volatile("{\n\t.reg .pred p;\n\t"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (CLUSTER) {
+      asm volatile("{\n\t.reg .pred p;\n\t"
+                   "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                   "selp.u32 %0, 1, 0, p;\n\t}"
+                   : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } else {
+      asm volatile("{\n\t.reg .pred p;\n\t"
+                   "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
+                   "selp.u32 %0, 1, 0, p;\n\t}"
+                   : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
   } while (!done);
 #endif
+}
+// Named block barriers 1..15 over `threads` threads (a multiple of 32; barrier 0 is
+// __syncthreads): bar_sync waits until that many have arrived or synced; bar_arrive counts
+// this warp's threads without waiting.
+__device__ __forceinline__ void bar_sync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(unsigned id, unsigned threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 // Mail primitives (sm_90), shared by ClusterMail and the strided softmax's row exchange. A
 // block's mbarrier (initialized with one arrival) completes a phase once its one thread has
@@ -1132,7 +1151,7 @@ __device__ __forceinline__ void mail_post(V* slot, unsigned peer, const V& v, un
 }
 // Every thread that reads the mail: wait for phase `parity` (the k-th exchange: k & 1).
 __device__ __forceinline__ void mail_wait(unsigned long long* bar, unsigned parity) {
-  mbar_wait(smem_addr(bar), parity);
+  mbar_wait<true>(smem_addr(bar), parity);
 }
 
 // Cluster all-reduce by message (sm_90). Each block posts its block-reduced value to every

@@ -76,20 +76,20 @@ WG_MAX_SMALL_DIM = 32
 WG_MIN_ROWS = 64
 #: Warp-specialized attn_ws (sm_90a; attention.cu): a loading warpgroup keeps Q and the K / V
 #: stages filled through mbarriers, and CW computing warpgroups of 64 query rows each run
-#: attn_wg's loop, on a persistent grid. Head dim (padded) -> (keys per tile, K / V stages,
-#: CW, Q stages). H200, bf16, 16k tokens, TFLOP/s attn_wg / attn_ws in one process, two rounds
-#: (.exp-style A/B, benchmarks/results/nvidia-h200-2026-11-27-warp-specialized-profile.txt):
-#: D = 128, L = 512 ... 16384: 293 / 323, 360 / 405, 406 / 462, 433 / 486, 447 / 501,
-#: 448 / 508; causal 199 / 203, 272 / 302, 341 / 393, 395 / 438, 417 / 468, 447 / 505 (+2-16%).
-#: D = 64: 237 / 230, 290 / 286, 328 / 322, 342 / 348, 346 / 365, 356 / 377; causal
-#: 150 / 145, 211 / 208, 267 / 264, 305 / 305, 332 / 326, 346 / 357. Three computing
-#: warpgroups (64-key tiles, 152 registers) ran 2-17% below two at D = 64; three K / V stages
-#: measured within 0-4% of two at D = 128. A second Q stage (the next row tile's Q loaded a
-#: tile ahead) gained 1-4% at D = 64 and 0-3% at D = 128 (another H200, same record); at
+#: attn_wg's loop, taking turns to issue their MMAs (ping-pong), on a persistent grid. Head dim
+#: (padded) -> (keys per tile, K / V stages, CW, Q stages). H200, bf16, 16k tokens, TFLOP/s
+#: attn_wg / attn_ws in one process, best of two rounds
+#: (benchmarks/results/nvidia-h200-2026-11-27-warp-specialized-profile.txt, ping-pong):
+#: D = 128, L = 512 ... 16384: 294 / 337, 360 / 427, 405 / 477, 436 / 506, 442 / 514,
+#: 451 / 523; causal 196 / 215, 273 / 315, 346 / 405, 394 / 472, 412 / 480, 448 / 517.
+#: D = 64: 235 / 247, 287 / 305, 323 / 342, 341 / 363, 345 / 374, 346 / 378; causal
+#: 146 / 158, 208 / 229, 264 / 290, 303 / 332, 329 / 352, 339 / 374. So attn_ws wherever its
+#: row tiles fill the SMs. At D = 64, three computing warpgroups in the ring (64-key tiles,
+#: 152 registers) ran 7-25% below two, and two on 64-key tiles (2 or 4 stages) 13-24% below;
+#: three K / V stages measured within 1.3% of two. A second Q stage (the next row tile's Q
+#: loaded a tile ahead) gained 1-4% at D = 64 and 0-3% at D = 128 before the ping-pong; at
 #: D = 128 it spilled the computing warpgroups' registers, so only D = 64 has it.
 WS_TILES: dict[int, tuple[int, int, int, int]] = {64: (128, 2, 2, 2), 128: (128, 2, 2, 1)}
-#: (head dim, causal) -> the fewest keys for attn_ws (else attn_wg), from the table above
-WS_MIN_KEYS = {(64, False): 4096, (64, True): 16384}
 #: tensor-core path: query rows per block and warp row tile (4 warps x 16; x MW, see
 #: tc_row_tiles_per_warp), threads, head dims compiled
 TC_BLOCK_M = 64
@@ -419,19 +419,18 @@ def wg_smem(dp: int, groups: int = 2) -> int:
     return (WG_ROWS * groups + 4 * WG_TILES[dp, groups]) * dp * 2 + 1024
 
 
-def uses_ws(dp: int, lk: int, causal: bool, rows: int, heads: int, sm_count: int) -> bool:
+def uses_ws(dp: int, rows: int, heads: int, sm_count: int) -> bool:
     """Whether a warpgroup-MMA launch at padded head dim ``dp`` runs on ``attn_ws``: a kernel
     exists for ``dp``, nothing else is forced (:func:`force_split`, :func:`force_warpgroups`,
-    :func:`force_persistent`), and, unless :func:`force_warp_specialized` says, rows of at
-    least WS_MIN_KEYS keys whose row tiles (``rows`` query rows for each of ``heads`` (batch,
-    KV head) pairs, :func:`ws_rows` rows a tile) fill ``sm_count`` SMs without a key split."""
+    :func:`force_persistent`), and, unless :func:`force_warp_specialized` says, its row tiles
+    (``rows`` query rows for each of ``heads`` (batch, KV head) pairs, :func:`ws_rows` rows a
+    tile) fill ``sm_count`` SMs without a key split."""
     if dp not in WS_TILES or any(c is not None for c in forced_choices()[:3]):
         return False
     forced = forced_warp_specialized()
     if forced is not None:
         return forced
-    return (_cdiv(rows, ws_rows(dp)) * heads >= sm_count
-            and lk >= WS_MIN_KEYS.get((dp, causal), 0))
+    return _cdiv(rows, ws_rows(dp)) * heads >= sm_count
 
 
 def ws_kernel(ctype: str, dp: int) -> str:
@@ -449,8 +448,8 @@ def ws_threads(dp: int) -> int:
 
 
 def ws_smem(dp: int) -> int:
-    """Shared memory of ``attn_ws``: the Q tile, the K and V stages, the 1 KB swizzle alignment
-    and the mbarriers (two for Q, four a stage)."""
+    """Shared memory of ``attn_ws``: the Q stages, the K and V stages, the 1 KB swizzle
+    alignment and the mbarriers (two a Q stage, four a K / V stage)."""
     bn, stages, _, q_stages = WS_TILES[dp]
     return ((q_stages * ws_rows(dp) + 2 * stages * bn) * dp * 2 + 1024
             + 8 * (2 * q_stages + 4 * stages))
@@ -521,6 +520,8 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     >>> p.kernel, p.items, p.grid, p.splits, p.block  # 2048 row tiles on a persistent grid
     ('cunorm::attn_ws<cunorm::bf16_t, 128, 128, 2, 2, 1>', 2048, (132, 1, 1), 1, 384)
     >>> plan_attention("bfloat16", 64, 64, 1024, 1024, 16, 32, 1, h100, lambda k, b, s: 2).kernel
+    'cunorm::attn_ws<cunorm::bf16_t, 64, 128, 2, 2, 2>'
+    >>> plan_attention("bfloat16", 64, 64, 1024, 1024, 1, 8, 1, h100, lambda k, b, s: 2).kernel
     'cunorm::attn_wg<cunorm::bf16_t, 64, 128, 1>'
     >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits
     32
@@ -536,7 +537,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     ws = False
     if uses_wgmma(dtype, d, dv, rows, props.arch):
         dp = wg_head_dim(d, dv)
-        ws = splits is None and uses_ws(dp, lk, causal, rows, batch * hkv, props.sm_count)
+        ws = splits is None and uses_ws(dp, rows, batch * hkv, props.sm_count)
         groups = wg_groups(dp, lk, causal, forced_warpgroups())
         bn = WG_TILES[dp, groups]
         kernel = wg_kernel(ctype, dp, groups)

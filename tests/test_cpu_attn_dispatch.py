@@ -143,18 +143,15 @@ def occ1(kernel: str, block: int, smem: int) -> int:
 @pytest.mark.parametrize(("dtype", "d", "dp"), [("bfloat16", 128, 128), ("float16", 80, 128),
                                                 ("bfloat16", 64, 64), ("float16", 40, 64)])
 def test_warp_specialized_kernel(dtype: str, d: int, dp: int) -> None:
-    """attn_ws: head dims 64 and 128 (padded) on sm_90 whose row tiles fill the SMs, at D =
-    128 for any row length, at D = 64 from WS_MIN_KEYS keys; a persistent grid but for long
-    causal rows; never with a forced split, warpgroup count or grid, never on sm_80, past
-    D = 128 or on rows too few to fill the GPU; force_warp_specialized overrides the rule."""
+    """attn_ws: head dims 64 and 128 (padded) on sm_90 whose row tiles fill the SMs, for any
+    row length; a persistent grid but for long causal rows; never with a forced split,
+    warpgroup count or grid, never on sm_80, past D = 128 or on rows too few to fill the GPU;
+    force_warp_specialized overrides the rule."""
     bn, stages, cw, q_stages = a.WS_TILES[dp]
     ws = f"cunorm::attn_ws<{_dispatch.CTYPE[dtype]}, {dp}, {bn}, {stages}, {cw}, {q_stages}>"
     for lk, causal in ((512, False), (4096, False), (16384, False), (512, True), (16384, True)):
         p = a.plan_attention(dtype, d, d, lk, lk, 16384 // lk, 2048 // dp, 1, H100, occ1,
                              causal=causal)
-        if lk < a.WS_MIN_KEYS.get((dp, causal), 0):
-            assert p.kernel.startswith("cunorm::attn_wg<"), (lk, causal)
-            continue
         assert p.kernel == ws and ws in a.all_kernel_names(90) and ws not in a.all_kernel_names(80)
         assert p.block == 128 * (cw + 1) and p.splits == 1 and p.cluster == 1
         assert p.row_tiles == -(-lk // (64 * cw))
