@@ -159,7 +159,10 @@ def _norm_inputs(dt: str, cols: int, rows: int = 49152):
 
 def _use_sources(folder) -> None:
     """Compile kernels from now on from the sources in ``folder()`` (a ``cuda_src`` of another
-    commit, or ``_kernels.source_dir`` itself), every kernel and plan cache emptied."""
+    commit, or ``_kernels.source_dir`` itself), every kernel and plan cache emptied, attention's
+    call memo too (its prepared launches hold compiled kernels: left in place, from the memo's
+    start on 2026-11-21 until 2026-11-27 every attention A/B of sources timed the first
+    build's kernels in both arms)."""
     from cunorm import _attn_launch, _kernels
 
     _kernels.source_dir = folder
@@ -167,3 +170,4 @@ def _use_sources(folder) -> None:
     _kernels._KERNELS.clear()
     _dispatch._drop_cached_plans()
     _attn_launch._PLANS.clear()
+    sys.modules["cunorm.attention"]._MEMO.clear()  # (cunorm.attention is the function)
