@@ -8,7 +8,7 @@ import time
 
 import cupy
 import numpy as np
-from profile_common import _use_sources
+from profile_common import _use_sources, drop_attention_plans
 
 import cunorm
 
@@ -89,21 +89,21 @@ def attention_tiles(seqs=(512, 1024, 2048, 4096, 16384), variants=WG64_TILE_VARI
     """TFLOP/s of the D = 64 one-warpgroup kernel with other key tiles
     (``_attn_dispatch.WG_TILES``) against FlashAttention-2, bf16, 16k tokens; every variant on
     the same inputs in one process."""
-    from cunorm import _attn_dispatch, _attn_launch
+    from cunorm import _attn_dispatch
 
     cases = {(seq, causal): _fa2_case(64, seq, causal) for seq in seqs for causal in (False, True)}
     shipped = _attn_dispatch.WG_TILES[64, 1]
     try:
         for label, bn in variants:
             _attn_dispatch.WG_TILES[64, 1] = bn
-            _attn_launch._PLANS.clear()
+            drop_attention_plans()
             for (seq, causal), (q, k, v, flops, ref, ms_fa) in cases.items():
                 ms, err = _cunorm_case(q, k, v, causal, ref)
                 print(f"{label:24s} D=64 L={seq:5d} causal={int(causal)}: "
                       f"{_vs_fa2(flops, ms, ms_fa, err)}", flush=True)
     finally:
         _attn_dispatch.WG_TILES[64, 1] = shipped
-        _attn_launch._PLANS.clear()
+        drop_attention_plans()
 
 
 def attention_sources(base: str, seqs=(512, 1024, 2048, 4096, 16384), rounds: int = 2,
@@ -277,12 +277,9 @@ def decode_dependent(rounds: int = 2, n: int = 2000) -> None:
     """:func:`decode` with the split-KV merge launched as a programmatic dependent of the
     attention kernel (as shipped) and as an ordinary launch after it, alternating ``rounds``
     times in one process, each with the host time per call (Lk = 16384, ``n`` calls)."""
-    import importlib
     import time
 
     from cunorm import _attn_launch
-
-    attention_module = importlib.import_module("cunorm.attention")  # cunorm.attention: the function
 
     q = cupy.random.standard_normal((1, 32, 1, 128), dtype=np.float32).astype("bfloat16")
     kv = cupy.random.standard_normal((1, 8, 16384, 128), dtype=np.float32).astype("bfloat16")
@@ -290,7 +287,7 @@ def decode_dependent(rounds: int = 2, n: int = 2000) -> None:
         for _ in range(rounds):
             for name, dependent in (("ordinary", False), ("dependent", True)):
                 _attn_launch.DEPENDENT_COMBINE = dependent
-                attention_module._MEMO.clear()  # prepared launches keep the setting
+                drop_attention_plans()  # prepared launches keep the setting
                 cunorm.attention(q, kv, kv)
                 cupy.cuda.Device().synchronize()
                 t0 = time.perf_counter()
@@ -302,7 +299,7 @@ def decode_dependent(rounds: int = 2, n: int = 2000) -> None:
                 decode((4096, 16384, 32768, 65536, 131072))
     finally:
         _attn_launch.DEPENDENT_COMBINE = True
-        attention_module._MEMO.clear()
+        drop_attention_plans()
 
 
 def decode_stages(stages=(2, 3, 4, 6)) -> None:
@@ -314,7 +311,7 @@ def decode_stages(stages=(2, 3, 4, 6)) -> None:
     try:
         for st in stages:
             _attn_dispatch.TC_KEY_SPLIT_STAGES = st
-            _attn_launch._PLANS.clear()
+            drop_attention_plans()
             for d in (128, 64):
                 q = cupy.zeros((1, 32, 1, d), "bfloat16")
                 kv = cupy.zeros((1, 8, 16384, d), "bfloat16")
@@ -325,7 +322,7 @@ def decode_stages(stages=(2, 3, 4, 6)) -> None:
                 decode((4096, 16384, 32768, 131072), d)
     finally:
         _attn_dispatch.TC_KEY_SPLIT_STAGES = default
-        _attn_launch._PLANS.clear()
+        drop_attention_plans()
 
 
 def decode_kernels() -> None:

@@ -157,17 +157,25 @@ def _norm_inputs(dt: str, cols: int, rows: int = 49152):
     return x, w, b
 
 
+def drop_attention_plans() -> None:
+    """Empty attention's plan cache and its call memo, after a change of sources or planner
+    constants. The memo's prepared launches hold compiled kernels and plans: left in place
+    (from the memo's start on 2026-11-21 until 2026-11-27), every attention A/B of sources or
+    constants in one process timed the first arm's kernels in both arms."""
+    from cunorm import _attn_launch
+
+    _attn_launch._PLANS.clear()
+    sys.modules["cunorm.attention"]._MEMO.clear()  # (cunorm.attention is the function)
+
+
 def _use_sources(folder) -> None:
     """Compile kernels from now on from the sources in ``folder()`` (a ``cuda_src`` of another
-    commit, or ``_kernels.source_dir`` itself), every kernel and plan cache emptied, attention's
-    call memo too (its prepared launches hold compiled kernels: left in place, from the memo's
-    start on 2026-11-21 until 2026-11-27 every attention A/B of sources timed the first
-    build's kernels in both arms)."""
-    from cunorm import _attn_launch, _kernels
+    commit, or ``_kernels.source_dir`` itself), every kernel and plan cache and attention's
+    call memo emptied."""
+    from cunorm import _kernels
 
     _kernels.source_dir = folder
     _kernels.kernel_source.cache_clear()
     _kernels._KERNELS.clear()
     _dispatch._drop_cached_plans()
-    _attn_launch._PLANS.clear()
-    sys.modules["cunorm.attention"]._MEMO.clear()  # (cunorm.attention is the function)
+    drop_attention_plans()
