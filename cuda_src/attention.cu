@@ -1302,7 +1302,7 @@ __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS)
   // barrier r is warpgroup r's turn, 256 threads: it syncs, the warpgroup before it arrives
   // once it has issued), so one's softmax runs under the others' MMAs. In step, as they were
   // before, they all ran their softmax at once while the tensor cores idled: H200, bf16,
-  // 16k tokens, 5-11% slower at D = 64 and 4-9% at D = 128 (warp-specialized record).
+  // 16k tokens, 5-12% slower at D = 64 and 5-8% at D = 128 (warp-specialized record).
   const unsigned my_turn = static_cast<unsigned>(role), next_turn = role % CW + 1;
   const auto turn = [&] { bar_sync(my_turn, 256); };
   const auto pass = [&] { bar_arrive(next_turn, 256); };

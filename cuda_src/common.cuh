@@ -1090,7 +1090,8 @@ __device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
 // CLUSTER: acquire at cluster scope, for ClusterMail, whose peers' posts complete the phase.
 // Block scope otherwise: a cluster-scope acquire invalidates the SM's L1 at every wait
 // (CCTL.IVALL: 4% of attn_ws's computing warps' stall samples, ncu, H200, bf16 D = 64,
-// L = 512; at block scope attn_ws ran 1-1.6% faster at D = 64).
+// L = 512; at block scope attn_ws ran 1.1-1.6% faster at D = 64, 0.97-1.02x at D = 128,
+// within the base's round-to-round spread there).
 template <bool CLUSTER = false> __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 #if __CUDA_ARCH__ >= 900
   unsigned done = 0;

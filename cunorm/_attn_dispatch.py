@@ -103,9 +103,9 @@ TC_THREADS = 128
 TC_KEY_SPLIT = 4
 TC_KEY_SPLIT_MAX_ROWS = 16
 #: K/V pipeline stages of attn_tc (ST). The key-split (decoding) kernels wait on K/V most of
-#: the time, but more stages measured no faster on an H200 (bf16, 32 / 8 heads, Lk 4096 to
-#: 131072, D = 64 and 128: 2, 3, 4 and 6 stages within 1-3%; tools/gpu_profile.py
-#: decode-stages), so both stay double-buffered, the smallest shared-memory footprint.
+#: the time. The sweep that found 2, 3, 4 and 6 stages within 1-3% (tools/gpu_profile.py
+#: decode-stages, H200) timed the first setting's kernels throughout (attention's call memo
+#: kept them; fixed 2026-11-27): deeper pipelines are unmeasured. Both stay double-buffered.
 TC_STAGES = 2
 TC_KEY_SPLIT_STAGES = 2
 #: Short decoding rows on thread-block clusters (sm_90): where the key-split kernel (KS = 4)
