@@ -1178,8 +1178,9 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
 // every computing thread once the wgmma that read it has completed). So the
 // compute warpgroups hold no load addresses and issue no loads, and a row tile's Q and first
 // K / V tiles land while the previous tile's last P V and output stores run. Each compute
-// warpgroup runs attn_wg's loop on its rows (S of the next tile and P V of this one in
-// flight under the softmax). Every role walks the same row tiles (attn_wg_item) and the same
+// warpgroup runs attn_wg's loop on its rows, and the compute warpgroups take turns to issue
+// their MMAs (ping-pong, below), so that one's softmax runs under the others' S and P V.
+// Every role walks the same row tiles (attn_wg_item) and the same
 // K / V sequence, so buffer b's k-th use is the same load everywhere: slot k % ST, phase
 // (k / ST) & 1.
 template <typename T, int DP, int BN, int ST, int CW, int QS>
