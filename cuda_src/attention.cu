@@ -99,6 +99,18 @@ struct AttnTile {
   i64 i_min;  // smallest / largest query position i among the tile's valid rows
   i64 i_max;
   bool one_head;  // every valid row in query head g0 (then i_min = r0 % Lq)
+
+  // The query head (within the group) and position of valid row r: with FAST, no division
+  // where the tile lies in one head. (A 64-bit division is a call of about 70 instructions;
+  // a computing thread of attn_ws made about 10 a row tile.) The kernels with the explicit
+  // mask's code pass FAST = false: the tile's fields kept live for it spilled attn_ws and
+  // attn_wg at D = 128 (ptxas sm_90a: 4-68 bytes).
+  template <bool FAST = true> __device__ __forceinline__ i64 head_of(i64 r, i64 lq) const {
+    return FAST && one_head ? g0 : r / lq;
+  }
+  template <bool FAST = true> __device__ __forceinline__ i64 pos_of(i64 r, i64 lq) const {
+    return FAST && one_head ? r - r0 + i_min : r % lq;
+  }
 };
 
 // item: the row tile's index in [0, B * Hkv * row_tiles), the block index of a launch with one
@@ -166,7 +178,7 @@ template <typename T> struct AttnOut {
   // 8j + 2 (lane % 4) + {0, 1} of flattened row r in acc[4j + 2h], acc[4j + 2h + 1] (j < ND),
   // the row max m in log2 units and its share l of the row sum; the lane quad that shares the
   // row adds the shares, so every lane must call (ok = false for rows past the tile's end).
-  template <int ND>
+  template <int ND, bool FAST = true>
   __device__ __forceinline__ void tc_row(const float* acc, int h, float m, float l, i64 r, bool ok,
                                          const AttnTile& t, int group, i64 lq) const {
     const int lane = threadIdx.x & 31;
@@ -190,7 +202,7 @@ template <typename T> struct AttnOut {
       }
       return;
     }
-    T* const dst = row_out(t, group, lq, r);
+    T* const dst = row_out<FAST>(t, group, lq, r);
 #pragma unroll
     for (int j = 0; j < ND; ++j) {
       const int col = j * 8 + (lane & 3) * 2;
@@ -202,17 +214,21 @@ template <typename T> struct AttnOut {
         if (col + 1 < dv) dst[col + 1] = from_compute<T>(y1);
       }
     }
-    if ((lane & 3) == 0) row_lse(t, group, lq, r, m, l);
+    if ((lane & 3) == 0) row_lse<FAST>(t, group, lq, r, m, l);
   }
   // The output row of flattened row r of tile t (query head kvh * G + r / Lq, position r % Lq).
+  template <bool FAST = true>
   __device__ __forceinline__ T* row_out(const AttnTile& t, int group, i64 lq, i64 r) const {
-    return o + t.b * o_sb + (static_cast<i64>(t.kvh) * group + r / lq) * o_sh + (r % lq) * o_sl;
+    return o + t.b * o_sb + (static_cast<i64>(t.kvh) * group + t.head_of<FAST>(r, lq)) * o_sh +
+           t.pos_of<FAST>(r, lq) * o_sl;
   }
   // Its lse, if asked for, from the row max m (log2 units) and row sum l: -inf for l = 0.
+  template <bool FAST = true>
   __device__ __forceinline__ void row_lse(const AttnTile& t, int group, i64 lq, i64 r, float m,
                                           float l) const {
     if (lse == nullptr) return;
-    lse[t.b * lse_sb + (static_cast<i64>(t.kvh) * group + r / lq) * lse_sh + (r % lq) * lse_sl] =
+    lse[t.b * lse_sb + (static_cast<i64>(t.kvh) * group + t.head_of<FAST>(r, lq)) * lse_sh +
+        t.pos_of<FAST>(r, lq) * lse_sl] =
         l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -Math<float>::inf();
   }
 };
@@ -330,8 +346,10 @@ template <int ND> __device__ __forceinline__ void attn_rescale(float* acc, const
   }
 }
 
-#define CUNORM_ATTN_SCORES                                                                 \
-  AttnScores<T> { mask, mask_kind, causal, lq, lk, m_sb, m_sh, m_sq, m_sk, group,         \
+// KIND: the mask kind the kernel handles (mask_kind, or kMaskNone in a kernel built without
+// the explicit mask's code)
+#define CUNORM_ATTN_SCORES(KIND)                                                           \
+  AttnScores<T> { mask, KIND, causal, lq, lk, m_sb, m_sh, m_sq, m_sk, group,              \
                   static_cast<float>(scale * 1.4426950408889634) }
 
 // ---------------------------------------------------------------------------------------
@@ -635,10 +653,10 @@ __device__ __forceinline__ void attn_tc_rows(CUNORM_ATTN_PACKED_PARAMS) {
     for (int h = 0; h < 2; ++h) {
       const i64 r = t.r0 + warp * WM + mi * 16 + lane / 4 + h * 8;
       row_ok[mi][h] = r < t.rows;
-      pos[mi][h] = row_ok[mi][h] ? r % lq : 0;
+      pos[mi][h] = row_ok[mi][h] ? t.pos_of(r, lq) : 0;
     }
   }
-  const AttnScores<T> scores = CUNORM_ATTN_SCORES;
+  const AttnScores<T> scores = CUNORM_ATTN_SCORES(mask_kind);
   const unsigned qs_addr = static_cast<unsigned>(__cvta_generic_to_shared(qs));
   float acc[MW][ND][4];
   float m[MW][2], l[MW][2];
@@ -924,8 +942,9 @@ CUNORM_WGMMA(bf16_t, "bf16")
 // wgmma operands (its Q rows, the K and V stages), the scores S of a key tile, their
 // probabilities P (16-bit A fragments, one per k16 slice of the keys), the output accumulator
 // and the online-softmax state of this thread's rows r0 and r0 + 8 (AttnScores' layout).
-// BM: the block's query rows (the Q tile's column-block stride).
-template <typename T, int DP, int BN, int BM> struct WgRows {
+// BM: the block's query rows (the Q tile's column-block stride). MK: the kernel has the
+// explicit mask's code (AttnTile::head_of's FAST = !MK).
+template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
   static constexpr int NB = BN / 8;  // n8 blocks of scores
   static constexpr int ND = DP / 8;  // n8 blocks of output
   static constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
@@ -945,7 +964,7 @@ template <typename T, int DP, int BN, int BM> struct WgRows {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_ok[h] = r0 + 8 * h < t.rows;
-      pos[h] = row_ok[h] ? (r0 + 8 * h) % lq : 0;
+      pos[h] = row_ok[h] ? t.pos_of<!MK>(r0 + 8 * h, lq) : 0;
     }
     m[0] = m[1] = -Math<float>::inf();
     l[0] = l[1] = 0.0f;
@@ -1034,7 +1053,9 @@ template <typename T, int DP, int BN, int BM> struct WgRows {
   __device__ __forceinline__ void store(const AttnOut<T>& out, const AttnTile& t, int group,
                                         i64 lq) const {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) out.template tc_row<ND>(acc, h, m[h], l[h], r0 + 8 * h, row_ok[h], t, group, lq);
+    for (int h = 0; h < 2; ++h) {
+      out.template tc_row<ND, !MK>(acc, h, m[h], l[h], r0 + 8 * h, row_ok[h], t, group, lq);
+    }
   }
 };
 #endif  // CUNORM_SM90A
@@ -1059,7 +1080,10 @@ __device__ __forceinline__ unsigned attn_wg_item(unsigned round) { return attn_w
 // A persistent grid (fewer blocks than the `items` row tiles; the planner's choice, never with
 // a key split, whose workspace rows follow blockIdx.x) also loads each row tile's first
 // operands under the previous tile's end.
-template <typename T, int DP, int BN, int WG>
+// MK: built with the explicit mask's code (the planner's choice for a call with a mask); the
+// default build treats mask_kind as kMaskNone, has no code for it and finds each row's head
+// without a division (AttnTile::head_of): +5-7% at D = 64 on short rows (H200, dispatch docs).
+template <typename T, int DP, int BN, int WG, bool MK = false>
 __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN_PARAMS) {
 #if defined(CUNORM_SM90A)
   griddep_launch_dependents();  // as in attn_tc
@@ -1106,8 +1130,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
     copy_async_commit();
   };
   load_first();
-  const AttnScores<T> scores = CUNORM_ATTN_SCORES;
-  WgRows<T, DP, BN, BM> rows;
+  const AttnScores<T> scores = CUNORM_ATTN_SCORES(MK ? mask_kind : kMaskNone);
+  WgRows<T, DP, BN, BM, MK> rows;
   rows.q_addr = smem_addr(qs) + (warp >> 2) * 64 * 128;
   rows.k_addr = smem_addr(ks);
   rows.v_addr = smem_addr(vs);
@@ -1182,8 +1206,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1) attn_wg(CUNORM_ATTN
 // their MMAs (ping-pong, below), so that one's softmax runs under the others' S and P V.
 // Every role walks the same row tiles (attn_wg_item) and the same
 // K / V sequence, so buffer b's k-th use is the same load everywhere: slot k % ST, phase
-// (k / ST) & 1.
-template <typename T, int DP, int BN, int ST, int CW, int QS>
+// (k / ST) & 1. MK: as attn_wg's.
+template <typename T, int DP, int BN, int ST, int CW, int QS, bool MK = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS) {
 #if defined(CUNORM_SM90A)
   griddep_launch_dependents();  // as in attn_tc
@@ -1293,8 +1317,8 @@ __global__ void __launch_bounds__(128 * (CW + 1), 1) attn_ws(CUNORM_ATTN_PARAMS)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kComputeRegs) : "memory");
   const int warp = (threadIdx.x >> 5) - 4;  // computing warp: rows 16 warp of the tile
-  const AttnScores<T> scores = CUNORM_ATTN_SCORES;
-  WgRows<T, DP, BN, BM> rows;
+  const AttnScores<T> scores = CUNORM_ATTN_SCORES(MK ? mask_kind : kMaskNone);
+  WgRows<T, DP, BN, BM, MK> rows;
   const unsigned q_addr = smem_addr(qs) + (warp >> 2) * 64 * 128;
   rows.k_addr = smem_addr(ks);
   rows.v_addr = smem_addr(vs);

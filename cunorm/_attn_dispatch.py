@@ -409,8 +409,15 @@ def wg_blocks(dp: int, groups: int, lk: int, causal: bool, row_blocks: int, resi
     return resident if persistent else row_blocks
 
 
-def wg_kernel(ctype: str, dp: int, groups: int = 2) -> str:
-    return f"cunorm::attn_wg<{ctype}, {dp}, {WG_TILES[dp, groups]}, {groups}>"
+def _mask_arg(masked: bool) -> str:
+    """The trailing template argument of attn_wg / attn_ws: ``, true`` builds the explicit
+    mask's code in (with it compiled out, the kernels skip a division a row a tile; see
+    AttnTile::head_of in attention.cu), nothing keeps the default ``false``."""
+    return ", true" if masked else ""
+
+
+def wg_kernel(ctype: str, dp: int, groups: int = 2, masked: bool = False) -> str:
+    return f"cunorm::attn_wg<{ctype}, {dp}, {WG_TILES[dp, groups]}, {groups}{_mask_arg(masked)}>"
 
 
 def wg_smem(dp: int, groups: int = 2) -> int:
@@ -433,8 +440,9 @@ def uses_ws(dp: int, rows: int, heads: int, sm_count: int) -> bool:
     return _cdiv(rows, ws_rows(dp)) * heads >= sm_count
 
 
-def ws_kernel(ctype: str, dp: int) -> str:
-    return f"cunorm::attn_ws<{ctype}, {dp}, {', '.join(map(str, WS_TILES[dp]))}>"
+def ws_kernel(ctype: str, dp: int, masked: bool = False) -> str:
+    tiles = ", ".join(map(str, WS_TILES[dp]))
+    return f"cunorm::attn_ws<{ctype}, {dp}, {tiles}{_mask_arg(masked)}>"
 
 
 def ws_rows(dp: int) -> int:
@@ -485,7 +493,8 @@ def choose_splits(row_blocks: int, key_tiles: int, resident: int) -> int:
 
 def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hkv: int,
                    group: int, props: DeviceProps, occ: Occupancy,
-                   splits: int | None = None, causal: bool = False) -> AttnPlan:
+                   splits: int | None = None, causal: bool = False,
+                   masked: bool = False) -> AttnPlan:
     """Plan an attention forward.
 
     Parameters
@@ -507,6 +516,9 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     causal : bool
         Whether the launch applies the causal mask (it picks the warpgroups per block,
         :func:`wg_groups`).
+    masked : bool
+        Whether the launch has an explicit mask: the warpgroup kernels are built with or
+        without its code (:func:`wg_kernel`, :func:`ws_kernel`).
 
     Returns
     -------
@@ -525,6 +537,9 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     'cunorm::attn_wg<cunorm::bf16_t, 64, 128, 1>'
     >>> plan_attention("bfloat16", 128, 128, 1, 65536, 1, 8, 4, h100, lambda k, b, s: 2).splits
     32
+    >>> plan_attention("bfloat16", 64, 64, 1024, 1024, 16, 32, 1, h100, lambda k, b, s: 2,
+    ...                masked=True).kernel
+    'cunorm::attn_ws<cunorm::bf16_t, 64, 128, 2, 2, 2, true>'
     """
     if dtype not in CTYPE:
         raise ValueError(f"no attention kernel for {dtype}; expected one of {tuple(CTYPE)}")
@@ -540,10 +555,10 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         ws = splits is None and uses_ws(dp, rows, batch * hkv, props.sm_count)
         groups = wg_groups(dp, lk, causal, forced_warpgroups())
         bn = WG_TILES[dp, groups]
-        kernel = wg_kernel(ctype, dp, groups)
+        kernel = wg_kernel(ctype, dp, groups, masked)
         smem, threads, bm = wg_smem(dp, groups), WG_GROUP_THREADS * groups, WG_ROWS * groups
         if ws:
-            kernel, smem = ws_kernel(ctype, dp), ws_smem(dp)
+            kernel, smem = ws_kernel(ctype, dp, masked), ws_smem(dp)
             threads, bm = ws_threads(dp), ws_rows(dp)
     elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
@@ -596,8 +611,9 @@ def all_kernel_names(arch: int) -> list[str]:
         names += [tc_kernel(ctype, dp, TC_KEY_SPLIT) for dp in TC_TILES
                   if tc_key_split(dp, 1) > 1]
         if arch == 90:
-            names += [wg_kernel(ctype, dp, groups) for dp, groups in WG_TILES]
-            names += [ws_kernel(ctype, dp) for dp in WS_TILES]
+            for masked in (False, True):
+                names += [wg_kernel(ctype, dp, groups, masked) for dp, groups in WG_TILES]
+                names += [ws_kernel(ctype, dp, masked) for dp in WS_TILES]
         if arch >= 90 and TC_CLUSTER > 1:
             names += [tc_cluster_kernel(ctype, dp) for dp in TC_TILES
                       if tc_key_split(dp, 1) > 1 and dp % TC_CLUSTER == 0]

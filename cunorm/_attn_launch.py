@@ -128,10 +128,12 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     dev = q.data.device_id
     forced = _attn_dispatch.forced_choices()
     causal = bool(causal)
-    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal, forced)
+    masked = mask is not None
+    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal, masked, forced)
     entry = _PLANS.get(key)
     if entry is None:
-        entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal)
+        entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal,
+                                         masked)
     plan, kernel, combine, dependent = entry
 
     kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
@@ -193,7 +195,7 @@ def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None,
 
 
 def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int, hkv: int,
-               group: int, causal: bool):
+               group: int, causal: bool, masked: bool):
     props = device_props(dev)
 
     def kernel_for(name: str):
@@ -204,7 +206,7 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
         return occupancy(kernel_for(name), block, smem)
 
     plan = _attn_dispatch.plan_attention(dtype, d, dv, lq, lk, bsz, hkv, group, props, occ,
-                                         causal=causal)
+                                         causal=causal, masked=masked)
     combine = kernel_for(plan.combine)
     dependent = None  # one per plan: its grid is the plan's part rows, B * Hkv * group * Lq
     if plan.needs_combine and _pdl.available(props.arch):

@@ -3,6 +3,8 @@ dtype and head dim, shared memory, grid, split-KV choice and forcing, bad plans.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cunorm import _attn_dispatch as a
@@ -180,6 +182,30 @@ def test_warp_specialized_kernel(dtype: str, d: int, dp: int) -> None:
             pass
 
 
+@pytest.mark.parametrize(("lq", "heads", "groups"), [(16384, 16, None), (512, 1, 2), (512, 1, 1)])
+@pytest.mark.parametrize("dp", [64, 128])
+def test_explicit_mask_picks_the_masked_build(lq: int, heads: int, groups: int | None,
+                                              dp: int) -> None:
+    """An explicit mask takes the same plan but the kernel built with the mask's code (trailing
+    template argument ``true``), listed for sm_90; without one, the default build. attn_tc and
+    attn_simt have one build for both."""
+    def plan(masked: bool):
+        with a.force_warpgroups(groups):
+            return a.plan_attention("float16", dp, dp, lq, lq, 1, heads, 1, H100, occ1,
+                                    masked=masked)
+
+    plain, masked = plan(False), plan(True)
+    assert plain.kernel.startswith(("cunorm::attn_ws<", "cunorm::attn_wg<"))
+    assert not plain.kernel.endswith(", true>")
+    assert masked.kernel == plain.kernel[:-1] + ", true>"
+    assert dataclasses.replace(masked, kernel=plain.kernel) == plain
+    assert masked.kernel in a.all_kernel_names(90) and plain.kernel in a.all_kernel_names(90)
+    for arch_props in (A100, H100):
+        small = a.plan_attention("float16", 32, 32, 1000, 1000, 1, 8, 1, arch_props, occ1,
+                                 masked=True)
+        assert small.kernel.startswith("cunorm::attn_tc<") and "true" not in small.kernel
+
+
 @pytest.mark.parametrize(("d", "lq", "group", "kernel"), [
     (32, 1000, 1, "attn_tc"),   # small head dim: padding to 64 would double the work
     (128, 1, 8, "attn_tc"),     # decoding: 8 rows per KV head
@@ -317,7 +343,8 @@ def test_shared_memory_limit() -> None:
 def test_kernel_files_and_names() -> None:
     for arch in (80, 90):
         names = a.all_kernel_names(arch)
-        wg = 2 * (len(a.WG_TILES) + len(a.WS_TILES)) if arch == 90 else 0
+        # attn_wg / attn_ws: two dtypes, each built without and with the explicit mask's code
+        wg = 2 * 2 * (len(a.WG_TILES) + len(a.WS_TILES)) if arch == 90 else 0
         key_split = sum(bn == 64 for bn, _ in a.TC_TILES.values())  # attn_tc KS = 4
         # attn_tc_cluster: the key-split head dims a cluster's blocks divide (sm_90)
         cluster = 2 * sum(bn == 64 and dp % a.TC_CLUSTER == 0
