@@ -103,9 +103,12 @@ TC_THREADS = 128
 TC_KEY_SPLIT = 4
 TC_KEY_SPLIT_MAX_ROWS = 16
 #: K/V pipeline stages of attn_tc (ST). The key-split (decoding) kernels wait on K/V most of
-#: the time. The sweep that found 2, 3, 4 and 6 stages within 1-3% (tools/gpu_profile.py
-#: decode-stages, H200) timed the first setting's kernels throughout (attention's call memo
-#: kept them; fixed 2026-11-27): deeper pipelines are unmeasured. Both stay double-buffered.
+#: the time, but deeper pipelines do not help: on an H200 (tools/gpu_profile.py decode-stages,
+#: memo emptied between settings, each run twice in one process; bf16, 32 / 8 heads) 2, 3 and
+#: 4 stages decoded within 3% of each other at Lk = 4096-131072, D = 64 and 128 (the best, 4
+#: stages at D = 128, Lk = 16384: 33.3 us against 34.4-34.8; 3 and 4 stages at D = 64 slower
+#: or equal). (An earlier sweep timed the first setting's kernels throughout: the call memo
+#: kept them; fixed 2026-11-27.) Both stay double-buffered.
 TC_STAGES = 2
 TC_KEY_SPLIT_STAGES = 2
 #: Short decoding rows on thread-block clusters (sm_90): where the key-split kernel (KS = 4)
