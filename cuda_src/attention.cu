@@ -265,11 +265,16 @@ template <typename T> struct AttnScores {
   // Scale to log2 units, mask, then one online-softmax step: the new row max over the lane quad
   // that shares a row, alpha = exp2(m_old - m_new), l = l * alpha + sum(s), s = exp2(s - m_new).
   // The caller rescales its output accumulator by alpha (rescale()).
-  template <int NB>
+  // FOLD (scale_log2 > 0: the planner's condition for the kernels that pass it): the scores
+  // stay unscaled, the row max is scaled once (c max(s) = max(c s) for c > 0) and the scale
+  // folds into the exponent, exp2(fma(s, c, -m_new)): one instruction a score fewer. A tile
+  // through the explicit mask's path is scaled there (its bias adds in log2 units), c = 1.
+  template <int NB, bool FOLD = false>
   __device__ __forceinline__ void softmax_step(float* s, float m[2], float l[2], float alpha[2],
                                                const AttnTile& t, i64 r0, const bool ok[2],
                                                const i64 pos[2], i64 n0, bool edge) const {
     const int lane = threadIdx.x & 31;
+    float mul = FOLD ? scale_log2 : 1.0f;  // what the scores still need multiplying by
     if (edge && mask_kind == kMaskNone) {
       // Keys past Lk and the causal bound only: each row keeps a prefix of the tile, so one
       // 32-bit limit a row against the score's column. Through the general form below (64-bit
@@ -288,7 +293,7 @@ template <typename T> struct AttnScores {
       for (int j = 0; j < NB; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float x = s[4 * j + e] * scale_log2;
+          const float x = FOLD ? s[4 * j + e] : s[4 * j + e] * scale_log2;
           s[4 * j + e] = j * 8 + (e & 1) < lim[e >> 1] ? x : -Math<float>::inf();
         }
       }
@@ -311,7 +316,8 @@ template <typename T> struct AttnScores {
           s[4 * j + e] = keep ? x : -Math<float>::inf();
         }
       }
-    } else {
+      mul = 1.0f;
+    } else if (!FOLD) {
 #pragma unroll
       for (int i = 0; i < 4 * NB; ++i) s[i] *= scale_log2;
     }
@@ -322,6 +328,7 @@ template <typename T> struct AttnScores {
       for (int j = 0; j < NB; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (FOLD) mx *= mul;
       const float m_new = fmaxf(m[h], mx);
       const float m_use = m_new == -Math<float>::inf() ? 0.0f : m_new;  // all masked so far
       alpha[h] = attn_exp2(m[h] - m_use);
@@ -329,8 +336,13 @@ template <typename T> struct AttnScores {
       l[h] *= alpha[h];
 #pragma unroll
       for (int j = 0; j < NB; ++j) {
-        s[4 * j + 2 * h] = attn_exp2(s[4 * j + 2 * h] - m_use);
-        s[4 * j + 2 * h + 1] = attn_exp2(s[4 * j + 2 * h + 1] - m_use);
+        if (FOLD) {
+          s[4 * j + 2 * h] = attn_exp2(fmaf(s[4 * j + 2 * h], mul, -m_use));
+          s[4 * j + 2 * h + 1] = attn_exp2(fmaf(s[4 * j + 2 * h + 1], mul, -m_use));
+        } else {
+          s[4 * j + 2 * h] = attn_exp2(s[4 * j + 2 * h] - m_use);
+          s[4 * j + 2 * h + 1] = attn_exp2(s[4 * j + 2 * h + 1] - m_use);
+        }
         l[h] += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
       }
     }
@@ -1014,7 +1026,7 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
     wg_wait<0>();
     wg_pin<BN / 2>(s);
     s_done();
-    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+    scores.template softmax_step<NB, true>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
     to_p();
   }
   // With S of the next key tile (keys from n0) and this tile's P V issued, in that order: the
@@ -1026,7 +1038,7 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
     wg_wait<1>();
     wg_pin<BN / 2>(s);
     s_done();
-    scores.template softmax_step<NB>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+    scores.template softmax_step<NB, true>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
     // Pin the softmax results before the wait so the compiler front end keeps the source
     // order. (ptxas still schedules its wgmma wait ahead of the row maxima and exponentials,
     // so the softmax runs after P V. Behind a never-taken warp-uniform branch the wait stays

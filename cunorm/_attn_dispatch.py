@@ -466,12 +466,16 @@ def ws_smem(dp: int) -> int:
             + 8 * (2 * q_stages + 4 * stages))
 
 
-def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int) -> bool:
+def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int,
+               scale_positive: bool = True) -> bool:
     """Whether a launch runs on the warpgroup kernel: a 16-bit dtype on compute capability 9.0
     (sm_90a; ``_kernels.ARCH_SPECIFIC_SOURCES``), head dim above WG_MAX_SMALL_DIM, at least
-    WG_MIN_ROWS query rows per KV head."""
+    WG_MIN_ROWS query rows per KV head, and a positive scale: the warpgroup kernels fold the
+    scale into the exponent after taking the row max of the unscaled scores
+    (``AttnScores::softmax_step``'s FOLD), which holds for a positive scale only; a zero or
+    negative one runs on ``attn_tc``."""
     return (arch == 90 and dtype in TC_DTYPES and max(d, dv) > WG_MAX_SMALL_DIM
-            and rows >= WG_MIN_ROWS)
+            and rows >= WG_MIN_ROWS and scale_positive)
 
 
 def choose_splits(row_blocks: int, key_tiles: int, resident: int) -> int:
@@ -497,7 +501,7 @@ def choose_splits(row_blocks: int, key_tiles: int, resident: int) -> int:
 def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hkv: int,
                    group: int, props: DeviceProps, occ: Occupancy,
                    splits: int | None = None, causal: bool = False,
-                   masked: bool = False) -> AttnPlan:
+                   masked: bool = False, scale_positive: bool = True) -> AttnPlan:
     """Plan an attention forward.
 
     Parameters
@@ -522,6 +526,8 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     masked : bool
         Whether the launch has an explicit mask: the warpgroup kernels are built with or
         without its code (:func:`wg_kernel`, :func:`ws_kernel`).
+    scale_positive : bool
+        Whether the launch's scale is above 0 (else no warpgroup kernel: :func:`uses_wgmma`).
 
     Returns
     -------
@@ -553,7 +559,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     ctype = CTYPE[dtype]
     rows = group * lq
     ws = False
-    if uses_wgmma(dtype, d, dv, rows, props.arch):
+    if uses_wgmma(dtype, d, dv, rows, props.arch, scale_positive):
         dp = wg_head_dim(d, dv)
         ws = splits is None and uses_ws(dp, rows, batch * hkv, props.sm_count)
         groups = wg_groups(dp, lk, causal, forced_warpgroups())

@@ -128,12 +128,12 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     dev = q.data.device_id
     forced = _attn_dispatch.forced_choices()
     causal = bool(causal)
-    masked = mask is not None
-    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal, masked, forced)
+    masked, scale_positive = mask is not None, scale > 0
+    key = (dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal, masked, scale_positive, forced)
     entry = _PLANS.get(key)
     if entry is None:
         entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal,
-                                         masked)
+                                         masked, scale_positive)
     plan, kernel, combine, dependent = entry
 
     kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
@@ -195,7 +195,7 @@ def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None,
 
 
 def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int, hkv: int,
-               group: int, causal: bool, masked: bool):
+               group: int, causal: bool, masked: bool, scale_positive: bool):
     props = device_props(dev)
 
     def kernel_for(name: str):
@@ -206,7 +206,8 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
         return occupancy(kernel_for(name), block, smem)
 
     plan = _attn_dispatch.plan_attention(dtype, d, dv, lq, lk, bsz, hkv, group, props, occ,
-                                         causal=causal, masked=masked)
+                                         causal=causal, masked=masked,
+                                         scale_positive=scale_positive)
     combine = kernel_for(plan.combine)
     dependent = None  # one per plan: its grid is the plan's part rows, B * Hkv * group * Lq
     if plan.needs_combine and _pdl.available(props.arch):

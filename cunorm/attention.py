@@ -48,7 +48,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask
         bottom-right corner (as FlashAttention 2.1+), so a query block that continues a KV cache
         sees the whole cache. With ``Lq > Lk`` the first ``Lq - Lk`` queries see no key.
     scale : float, optional
-        Multiplies ``q @ k^T``; finite. Default ``1 / sqrt(D)``.
+        Multiplies ``q @ k^T``; finite. Default ``1 / sqrt(D)``. Zero and negative scales are
+        supported but run on the ``mma.sync`` kernel even on an H100 / H200 (the warpgroup
+        kernels fold a positive scale into the exponent; ``docs/dispatch.rst``).
     mask : array, optional
         Broadcastable to ``(..., Hq, Lq, Lk)`` (it does not enlarge the result), of ``q``'s
         kind. Boolean: ``True`` keeps a score, ``False`` removes it. Floating: added to the

@@ -206,6 +206,22 @@ def test_explicit_mask_picks_the_masked_build(lq: int, heads: int, groups: int |
         assert small.kernel.startswith("cunorm::attn_tc<") and "true" not in small.kernel
 
 
+@pytest.mark.parametrize("dp", [64, 128, 256])
+def test_zero_or_negative_scale_takes_attn_tc(dp: int) -> None:
+    """The warpgroup kernels fold the scale into the exponent after the row max of the
+    unscaled scores, right for a positive scale only: a zero or negative one plans attn_tc,
+    whatever is forced."""
+    def plan(positive: bool):
+        return a.plan_attention("bfloat16", dp, dp, 4096, 4096, 4, 16, 1, H100, occ1,
+                                scale_positive=positive)
+
+    assert plan(True).kernel.startswith(("cunorm::attn_ws<", "cunorm::attn_wg<"))
+    assert plan(False).kernel.startswith("cunorm::attn_tc<")
+    assert not a.uses_wgmma("bfloat16", dp, dp, 4096, 90, scale_positive=False)
+    with a.force_warp_specialized(True), a.force_warpgroups(2):
+        assert plan(False).kernel.startswith("cunorm::attn_tc<")
+
+
 @pytest.mark.parametrize(("d", "lq", "group", "kernel"), [
     (32, 1000, 1, "attn_tc"),   # small head dim: padding to 64 would double the work
     (128, 1, 8, "attn_tc"),     # decoding: 8 rows per KV head

@@ -784,3 +784,29 @@ def test_warp_specialized_kernel(rng, dtype, d, case):
     if not (causal and lk <= 512 and d > 64):
         assert np.array_equal(outs[True][0], outs[False][0], equal_nan=True)
         assert np.array_equal(outs[True][1], outs[False][1])
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.05])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_any_sign_of_scale(rng, dtype, masked, scale):
+    """Zero and negative scales are right on every 16-bit path: the warpgroup kernels take
+    the row max of the unscaled scores and fold the scale into the exponent, which holds for
+    a positive scale only, so the planner sends the others to attn_tc; a positive one runs
+    them (attn_ws and attn_wg forced on sm_90a), causal and not, with and without a mask."""
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    b, hq, hkv, lq, lk, d = 2, 8, 4, 200, 333, 64
+    q = cupy.asarray(randn(rng, (b, hq, lq, d), dt))
+    k, v = (cupy.asarray(randn(rng, (b, hkv, lk, d), dt)) for _ in range(2))
+    mask = cupy.asarray(rng.random((lq, lk)) > 0.3) if masked else None
+    for causal in (False, True):
+        ref, ref_lse = reference(q, k, v, causal=causal, scale=scale, mask=mask)
+        live = ~np.isneginf(ref_lse).reshape(-1)
+        nerr = float(row_errors(naive(q, k, v, causal=causal, scale=scale, mask=mask),
+                                ref)[live].max(initial=0.0))
+        for ws in (None, True, False):
+            out = cupy.full((b, hq, lq, d), np.nan, dt)
+            with force_choices(None, None, None, ws):
+                res, lse = cunorm.attention(q, k, v, causal=causal, scale=scale, mask=mask,
+                                            out=out, return_lse=True)
+            check(res, lse, ref, ref_lse, nerr, dt, f"scale={scale} causal={causal} ws={ws}")
