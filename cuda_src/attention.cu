@@ -328,7 +328,7 @@ template <typename T> struct AttnScores {
       for (int j = 0; j < NB; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      if (FOLD) mx *= mul;
+      mx *= mul;  // (1 without FOLD or on a mask-path tile)
       const float m_new = fmaxf(m[h], mx);
       const float m_use = m_new == -Math<float>::inf() ? 0.0f : m_new;  // all masked so far
       alpha[h] = attn_exp2(m[h] - m_use);
@@ -336,13 +336,9 @@ template <typename T> struct AttnScores {
       l[h] *= alpha[h];
 #pragma unroll
       for (int j = 0; j < NB; ++j) {
-        if (FOLD) {
-          s[4 * j + 2 * h] = attn_exp2(fmaf(s[4 * j + 2 * h], mul, -m_use));
-          s[4 * j + 2 * h + 1] = attn_exp2(fmaf(s[4 * j + 2 * h + 1], mul, -m_use));
-        } else {
-          s[4 * j + 2 * h] = attn_exp2(s[4 * j + 2 * h] - m_use);
-          s[4 * j + 2 * h + 1] = attn_exp2(s[4 * j + 2 * h + 1] - m_use);
-        }
+        // (fma(s, 1, -m) is s - m exactly)
+        s[4 * j + 2 * h] = attn_exp2(fmaf(s[4 * j + 2 * h], mul, -m_use));
+        s[4 * j + 2 * h + 1] = attn_exp2(fmaf(s[4 * j + 2 * h + 1], mul, -m_use));
         l[h] += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
       }
     }
