@@ -854,12 +854,20 @@ template <int ROWS> struct Sw128 {
 #if defined(CUNORM_SM90A)
 // Matrix descriptor of a swizzled (128-byte) shared-memory operand: start address, leading
 // and stride byte offsets (K-major: lbo unused, sbo = 1024 between 8-row groups; N-major:
-// lbo = bytes between 64-column blocks, sbo = 1024 between 8-row groups of the K dim).
-__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
-         (static_cast<unsigned long long>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
+// lbo = bytes between 64-column blocks, sbo = 1024 between 8-row groups of the K dim), kept
+// as its two 32-bit words. Every shared address lies below 2^18 (228 KB at most on sm_90),
+// so the start field (address / 16, 14 bits) never carries into the lbo field and the
+// descriptor of an operand `off` bytes further is one 32-bit add (at()). Built in place for
+// each wgmma, the masking, shift and merge cost ~5 instructions each, 12 a key tile at
+// D = 64, issued while the warpgroup holds its MMA turn.
+struct WgDesc {
+  unsigned lo, hi;
+  __device__ __forceinline__ WgDesc(unsigned addr, unsigned lbo, unsigned sbo)
+      : lo((addr >> 4) | (((lbo >> 4) & 0x3FFF) << 16)), hi(((sbo >> 4) & 0x3FFF) | (1u << 30)) {}
+  __device__ __forceinline__ unsigned long long at(unsigned off) const {
+    return (static_cast<unsigned long long>(hi) << 32) | (lo + (off >> 4));
+  }
+};
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait() {
@@ -983,13 +991,11 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
   __device__ __forceinline__ void qk(int stage) {
     wg_pin<BN / 2>(s);
     wg_fence();
+    const WgDesc qd(q_addr, 16, 1024), kd(k_addr + stage * BN * DP * 2, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
       const unsigned col = (kk & 3) * 32;  // byte offset of the k16 slice in a 128-byte line
-      const unsigned long long da = wg_desc(q_addr + (kk >> 2) * BM * 128 + col, 16, 1024);
-      const unsigned long long db =
-          wg_desc(k_addr + stage * BN * DP * 2 + (kk >> 2) * BN * 128 + col, 16, 1024);
-      Wgmma<T, BN>::ss(s, da, db, kk > 0);
+      Wgmma<T, BN>::ss(s, qd.at((kk >> 2) * BM * 128 + col), kd.at((kk >> 2) * BN * 128 + col), kk > 0);
     }
     wg_commit();
   }
@@ -1004,13 +1010,12 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
   __device__ __forceinline__ void pv(int stage) {
     wg_pin<DP / 2>(acc);
     wg_fence();
+    const WgDesc vd(v_addr + stage * BN * DP * 2, BN * 128, 1024);
 #pragma unroll
     for (int kt = 0; kt < BN / 16; ++kt) {
 #pragma unroll
       for (int n = 0; n < DP / ON; ++n) {
-        const unsigned long long db = wg_desc(
-            v_addr + stage * BN * DP * 2 + kt * 16 * 128 + n * (ON / 64) * BN * 128, BN * 128, 1024);
-        Wgmma<T, ON>::rs(acc + n * (ON / 2), p[kt], db);
+        Wgmma<T, ON>::rs(acc + n * (ON / 2), p[kt], vd.at(kt * 16 * 128 + n * (ON / 64) * BN * 128));
       }
     }
     wg_commit();
