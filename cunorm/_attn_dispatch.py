@@ -7,10 +7,11 @@ so every branch is unit-tested on a CPU.
 A launch covers, for every (batch, KV head), the ``G * Lq`` query rows of that KV head's
 ``G = Hq / Hkv`` query heads, flattened (grouped-query attention shares each K/V tile across the
 group). float16 / bfloat16 run on tensor cores: on compute capability 9.0 with warpgroup MMA
-(``attn_wg``, sm_90a, 64 or 128 query rows per block; for head dims 64 and 128 on rows that
-fill the GPU, the warp-specialized ``attn_ws``: one warpgroup loads, two compute), elsewhere,
-for head dims up to 32 and for
-fewer than WG_MIN_ROWS rows per KV head, with warp-level ``mma.sync`` (``attn_tc``, 64 rows);
+(``attn_wg``, sm_90a, 64 or 128 query rows per block, head dims below 64 padded to 64; for
+head dims up to 128 on rows that fill the GPU, the warp-specialized ``attn_ws``: one warpgroup
+loads, two compute), elsewhere, for causal rows of at most WG_CAUSAL_SHORT_KEYS keys at head
+dims up to 32 and for fewer than WG_MIN_ROWS rows per KV head, with warp-level ``mma.sync``
+(``attn_tc``, 64 rows);
 float32 / float64 on the SIMT path (``attn_simt``, 8 rows per block). When the row tiles cannot
 fill the GPU (decoding: ``Lq = 1``), the keys are split over ``splits`` blocks per row tile
 (FlashDecoding) and ``attn_combine`` merges the partial results by their log-sum-exp. When
@@ -69,9 +70,15 @@ WG_CAUSAL_SHORT_KEYS = 512
 #: no longer stays in L2 (tools/gpu_profile.py attention-persistent).
 WG_PERSISTENT_MAX_DIM = 192
 WG_PERSISTENT_MAX_KEYS = 4096
-#: head dims up to this stay on attn_tc (padding them to 64 would double the MMA work), as do
-#: launches with fewer than WG_MIN_ROWS query rows per KV head (decoding: 64-row tiles waste
-#: less than 128-row ones)
+#: Head dims up to this are padded to 64 on the warpgroup kernels although that doubles their
+#: MMA work: at head dim 64 those kernels are bound by the softmax, not by the tensor cores, so
+#: a score costs about the same at head dim 16, 32 or 64. H200, bf16, 16k tokens, hidden 2048,
+#: TFLOP/s attn_tc / padded attn_ws (one process; nvidia-h200-2026-11-27-small-head-dims.txt):
+#: D = 32, L = 512 ... 16384: 130 / 145, 139 / 176, 144 / 195, 146 / 205, 148 / 210, 148 / 213;
+#: causal 101 / 94, 120 / 132, 132 / 164, 139 / 185, 143 / 196, 145 / 208. D = 16, L = 512,
+#: 2048, 16384: 65 / 74, 71 / 101, 72 / 103; causal 51 / 47, 66 / 84, 71 / 102. Causal rows
+#: of at most WG_CAUSAL_SHORT_KEYS keys stay on attn_tc, as do launches with fewer than
+#: WG_MIN_ROWS query rows per KV head (decoding: 64-row tiles waste less than 128-row ones).
 WG_MAX_SMALL_DIM = 32
 WG_MIN_ROWS = 64
 #: Warp-specialized attn_ws (sm_90a; attention.cu): a loading warpgroup keeps Q and the K / V
@@ -467,15 +474,18 @@ def ws_smem(dp: int) -> int:
 
 
 def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int,
-               scale_positive: bool = True) -> bool:
+               scale_positive: bool = True, causal: bool = False, lk: int = 0) -> bool:
     """Whether a launch runs on the warpgroup kernel: a 16-bit dtype on compute capability 9.0
-    (sm_90a; ``_kernels.ARCH_SPECIFIC_SOURCES``), head dim above WG_MAX_SMALL_DIM, at least
-    WG_MIN_ROWS query rows per KV head, and a positive scale: the warpgroup kernels fold the
-    scale into the exponent after taking the row max of the unscaled scores
-    (``AttnScores::softmax_step``'s FOLD), which holds for a positive scale only; a zero or
-    negative one runs on ``attn_tc``."""
-    return (arch == 90 and dtype in TC_DTYPES and max(d, dv) > WG_MAX_SMALL_DIM
-            and rows >= WG_MIN_ROWS and scale_positive)
+    (sm_90a; ``_kernels.ARCH_SPECIFIC_SOURCES``), at least WG_MIN_ROWS query rows per KV head,
+    a positive scale, and not a small head dim (at most WG_MAX_SMALL_DIM) on causal rows of
+    at most WG_CAUSAL_SHORT_KEYS keys (``lk``). The warpgroup kernels fold the scale into the
+    exponent after taking the row max of the unscaled scores (``AttnScores::softmax_step``'s
+    FOLD), which holds for a positive scale only; a zero or negative one runs on
+    ``attn_tc``."""
+    short_causal_small = (max(d, dv) <= WG_MAX_SMALL_DIM and causal
+                          and lk <= WG_CAUSAL_SHORT_KEYS)
+    return (arch == 90 and dtype in TC_DTYPES and rows >= WG_MIN_ROWS and scale_positive
+            and not short_causal_small)
 
 
 def choose_splits(row_blocks: int, key_tiles: int, resident: int) -> int:
@@ -559,7 +569,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     ctype = CTYPE[dtype]
     rows = group * lq
     ws = False
-    if uses_wgmma(dtype, d, dv, rows, props.arch, scale_positive):
+    if uses_wgmma(dtype, d, dv, rows, props.arch, scale_positive, causal, lk):
         dp = wg_head_dim(d, dv)
         ws = splits is None and uses_ws(dp, rows, batch * hkv, props.sm_count)
         groups = wg_groups(dp, lk, causal, forced_warpgroups())

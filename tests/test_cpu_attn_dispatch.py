@@ -201,8 +201,8 @@ def test_explicit_mask_picks_the_masked_build(lq: int, heads: int, groups: int |
     assert dataclasses.replace(masked, kernel=plain.kernel) == plain
     assert masked.kernel in a.all_kernel_names(90) and plain.kernel in a.all_kernel_names(90)
     for arch_props in (A100, H100):
-        small = a.plan_attention("float16", 32, 32, 1000, 1000, 1, 8, 1, arch_props, occ1,
-                                 masked=True)
+        small = a.plan_attention("float16", 32, 32, 512, 512, 1, 8, 1, arch_props, occ1,
+                                 masked=True, causal=True)
         assert small.kernel.startswith("cunorm::attn_tc<") and "true" not in small.kernel
 
 
@@ -223,14 +223,40 @@ def test_zero_or_negative_scale_takes_attn_tc(dp: int) -> None:
 
 
 @pytest.mark.parametrize(("d", "lq", "group", "kernel"), [
-    (32, 1000, 1, "attn_tc"),   # small head dim: padding to 64 would double the work
     (128, 1, 8, "attn_tc"),     # decoding: 8 rows per KV head
     (128, 16, 4, "attn_wg"),    # 64 rows per KV head
     (128, 63, 1, "attn_tc"),
+    (32, 1000, 1, "attn_wg"),   # small head dims run padded to 64
+    (1, 64, 1, "attn_wg"),
 ])
 def test_warpgroup_or_mma_sync_on_sm90(d: int, lq: int, group: int, kernel: str) -> None:
     p = a.plan_attention("bfloat16", d, d, lq, 4096, 1, 8, group, H100, occ2, splits=1)
     assert p.kernel.startswith(f"cunorm::{kernel}<")
+    if kernel == "attn_wg":
+        assert p.kernel.startswith(f"cunorm::attn_wg<cunorm::bf16_t, {max(64, d)},")
+
+
+@pytest.mark.parametrize("d", [1, 16, 32])
+@pytest.mark.parametrize(("lk", "causal", "kernel"), [
+    (512, True, "attn_tc"),      # short causal rows keep mma.sync at small head dims
+    (513, True, "attn_ws"),
+    (512, False, "attn_ws"),
+    (16384, True, "attn_ws"),
+])
+def test_small_head_dims_padded_but_short_causal_rows(d: int, lk: int, causal: bool,
+                                                      kernel: str) -> None:
+    """Head dims up to WG_MAX_SMALL_DIM run the warpgroup kernels padded to 64 (they are bound
+    by the softmax there, not by the MMAs), but causal rows of at most WG_CAUSAL_SHORT_KEYS
+    keys stay on attn_tc; past the small dims the causal rule does not apply."""
+    def plan(dim: int):
+        return a.plan_attention("float16", dim, dim, lk, lk, 16384 // lk, 32, 1, H100, occ1,
+                                causal=causal)
+
+    assert plan(d).kernel.startswith(f"cunorm::{kernel}<")
+    if kernel == "attn_ws":
+        assert plan(d).kernel == plan(64).kernel
+    assert plan(33).kernel.startswith("cunorm::attn_ws<")
+    assert a.uses_wgmma("float16", d, d, lk, 90, causal=causal, lk=lk) == (kernel != "attn_tc")
 
 
 @pytest.mark.parametrize(("dtype", "dv", "per_lane"), [("float32", 64, 2), ("float64", 256, 8),

@@ -37,7 +37,7 @@ SPLITS = [None, 1, 2, 7]
 #: (split-KV count, warpgroups per block, persistent grid, warp-specialized kernel) forced
 #: together: every split, then each warpgroup count of the sm_90 warpgroup kernel, persistent
 #: grids of one block (every row tile in its own round) and of three, then attn_ws (head dims
-#: 33-128) and attn_wg without it (elsewhere the planner ignores the last three)
+#: up to 128) and attn_wg without it (elsewhere the planner ignores the last three)
 CHOICES = ([(split, None, None, None) for split in SPLITS]
            + [(None, 1, None, None), (None, 2, None, None), (None, 1, 1, None), (None, 2, 1, None),
               (None, 2, 3, None), (None, None, None, True), (None, None, None, False)])
@@ -754,13 +754,14 @@ WS_CASES = [(8, 16, 16, 1024, 1024, False, False), (4, 8, 8, 600, 600, True, Fal
 
 @pytest.mark.parametrize("case", WS_CASES, ids=lambda c: "x".join(map(str, c[:5])) + "c" * c[5]
                          + "m" * c[6])
-@pytest.mark.parametrize("d", [40, 64, 80, 128])
+@pytest.mark.parametrize("d", [16, 20, 32, 40, 64, 80, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_warp_specialized_kernel(rng, dtype, d, case):
     """attn_ws (sm_90a; elsewhere the forced choice runs the planner's kernel) against the
     float64 reference and, bit for bit, attn_wg on the same inputs where both take the same
     key tiles (128 keys: all but causal rows of at most 512 keys at head dims 65-128, which
-    attn_wg runs on 64-key tiles); outputs poisoned."""
+    attn_wg runs on 64-key tiles; at head dims up to 32, padded to 64, those rows run attn_tc
+    either way); outputs poisoned."""
     b, hq, hkv, lq, lk, causal, masked = case
     dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
     q = cupy.asarray(randn(rng, (b, hq, lq, d), dt))

@@ -129,14 +129,14 @@ def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
 def check_attention(rng: np.random.Generator) -> int:
     """Every attention kernel (tensor-core, SIMT, split-KV merge; on sm_90 the warpgroup
     kernel with one and two warpgroups per block and persistent grids forced, and the
-    warp-specialized kernel) on ragged shapes, GQA, causal with Lq != Lk, masks, odd head dims
-    and a strided layout."""
+    warp-specialized kernel, at head dims up to 32 padded to 64 too) on ragged shapes, GQA,
+    causal with Lq != Lk, masks, odd head dims and a strided layout."""
     from cunorm import _attn_dispatch
 
     bad = 0
     shapes = [(1, 4, 2, 37, 70, 64, 64), (2, 2, 1, 1, 300, 128, 128), (1, 2, 2, 5, 9, 17, 33),
               (1, 2, 1, 70, 40, 256, 256), (1, 1, 1, 19, 33, 96, 96),
-              (1, 2, 1, 40, 90, 128, 128)]
+              (1, 2, 1, 40, 90, 128, 128), (1, 2, 1, 70, 90, 24, 24)]
     # (split-KV count, warpgroups per block, persistent grid blocks, warp-specialized kernel):
     # None keeps the planner's choice; one-block persistent grids take every row tile in turn
     choices = ((1, None, None, None), (3, None, None, None), (1, 1, None, None),
