@@ -249,6 +249,10 @@ __device__ __forceinline__ float attn_exp2(float x) {
 // thread holds, for its rows r0 and r0 + 8 (h = 0, 1) of an m16 row tile, keys
 // n0 + 8j + 2 (lane % 4) + {0, 1} in s[4j + 2h], s[4j + 2h + 1] (j < NB), and the output
 // columns likewise in acc[4j + 2h + {0, 1}] (j < ND).
+// How far (log2 units) a row's scores may exceed its reference max before the warpgroup
+// kernels move it (AttnScores::softmax_step's LAZY): probabilities up to 2^8.
+constexpr float kLazyRescale = 8.0f;
+
 template <typename T> struct AttnScores {
   const void* mask;
   int mask_kind, causal;
@@ -269,10 +273,18 @@ template <typename T> struct AttnScores {
   // stay unscaled, the row max is scaled once (c max(s) = max(c s) for c > 0) and the scale
   // folds into the exponent, exp2(fma(s, c, -m_new)): one instruction a score fewer. A tile
   // through the explicit mask's path is scaled there (its bias adds in log2 units), c = 1.
-  template <int NB, bool FOLD = false>
+  //
+  // LAZY (with FOLD: the warpgroup kernels): m is a row's reference, not its running max. It
+  // moves only where the row's scores exceed it by more than kLazyRescale (log2 units), so the
+  // probabilities stay below 2^kLazyRescale (fp32 holds them exactly enough, a 16-bit P keeps
+  // its relative precision, and out = acc / l and lse = m + log2 l hold for any reference).
+  // Past the first key tiles it rarely moves: alpha is exactly 1 for the whole warp, which
+  // then skips the rescale of its accumulator (WgRows::step).
+  template <int NB, bool FOLD = false, bool LAZY = false>
   __device__ __forceinline__ void softmax_step(float* s, float m[2], float l[2], float alpha[2],
                                                const AttnTile& t, i64 r0, const bool ok[2],
                                                const i64 pos[2], i64 n0, bool edge) const {
+    static_assert(FOLD || !LAZY, "the lazy reference is for the folded warpgroup kernels");
     const int lane = threadIdx.x & 31;
     float mul = FOLD ? scale_log2 : 1.0f;  // what the scores still need multiplying by
     if (edge && mask_kind == kMaskNone) {
@@ -329,9 +341,10 @@ template <typename T> struct AttnScores {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       mx *= mul;  // (1 without FOLD or on a mask-path tile)
-      const float m_new = fmaxf(m[h], mx);
+      // (LAZY: -inf + kLazyRescale is -inf, so the first unmasked score always moves it)
+      const float m_new = LAZY ? (mx > m[h] + kLazyRescale ? mx : m[h]) : fmaxf(m[h], mx);
       const float m_use = m_new == -Math<float>::inf() ? 0.0f : m_new;  // all masked so far
-      alpha[h] = attn_exp2(m[h] - m_use);
+      alpha[h] = attn_exp2(m[h] - m_use);  // exactly 1 where the reference stays
       m[h] = m_new;
       l[h] *= alpha[h];
 #pragma unroll
@@ -964,6 +977,11 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
   static constexpr int NB = BN / 8;  // n8 blocks of scores
   static constexpr int ND = DP / 8;  // n8 blocks of output
   static constexpr int ON = DP % 128 == 0 ? 128 : 64;  // output columns per P V instruction
+  // A lazy reference max (AttnScores::softmax_step's LAZY) where the MMAs bound the kernel: at
+  // D = 128 it skips the rescale of most tiles, +0-3% (H200, bf16, 16k tokens, same process);
+  // at D = 64, bound by the softmax, it cost 2-6%: its warp vote and branch sit on the path
+  // from the exponentials to the next MMAs (a vote ahead of the exponentials: 8-9%).
+  static constexpr bool kLazy = DP >= 128;
   unsigned q_addr, k_addr, v_addr;
   float s[BN / 2];
   unsigned p[BN / 16][4];
@@ -1027,7 +1045,8 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
     wg_wait<0>();
     wg_pin<BN / 2>(s);
     s_done();
-    scores.template softmax_step<NB, true>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+    scores.template softmax_step<NB, true, kLazy>(s, m, l, alpha, t, r0, row_ok, pos, n0,
+                                                  scores.edge(t, n0, BN));
     to_p();
   }
   // With S of the next key tile (keys from n0) and this tile's P V issued, in that order: the
@@ -1039,7 +1058,8 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
     wg_wait<1>();
     wg_pin<BN / 2>(s);
     s_done();
-    scores.template softmax_step<NB, true>(s, m, l, alpha, t, r0, row_ok, pos, n0, scores.edge(t, n0, BN));
+    scores.template softmax_step<NB, true, kLazy>(s, m, l, alpha, t, r0, row_ok, pos, n0,
+                                                  scores.edge(t, n0, BN));
     // Pin the softmax results before the wait so the compiler front end keeps the source
     // order. (ptxas still schedules its wgmma wait ahead of the row maxima and exponentials,
     // so the softmax runs after P V. Behind a never-taken warp-uniform branch the wait stays
@@ -1052,7 +1072,9 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
     wg_pin<DP / 2>(acc);
     wg_pin<BN / 4>(&p[0][0]);
     pv_done();
-    attn_rescale<ND>(acc, alpha);
+    if (!kLazy || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+      attn_rescale<ND>(acc, alpha);
+    }
     to_p();
   }
   // The last key tile's P V, issued (then issued() runs) and waited for.
