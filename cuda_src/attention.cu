@@ -245,14 +245,14 @@ __device__ __forceinline__ float attn_exp2(float x) {
   return y;
 }
 
-// Scores of the tensor-core paths (mma.sync and wgmma share the fragment layout): this
-// thread holds, for its rows r0 and r0 + 8 (h = 0, 1) of an m16 row tile, keys
-// n0 + 8j + 2 (lane % 4) + {0, 1} in s[4j + 2h], s[4j + 2h + 1] (j < NB), and the output
-// columns likewise in acc[4j + 2h + {0, 1}] (j < ND).
 // How far (log2 units) a row's scores may exceed its reference max before the warpgroup
 // kernels move it (AttnScores::softmax_step's LAZY): probabilities up to 2^8.
 constexpr float kLazyRescale = 8.0f;
 
+// Scores of the tensor-core paths (mma.sync and wgmma share the fragment layout): this
+// thread holds, for its rows r0 and r0 + 8 (h = 0, 1) of an m16 row tile, keys
+// n0 + 8j + 2 (lane % 4) + {0, 1} in s[4j + 2h], s[4j + 2h + 1] (j < NB), and the output
+// columns likewise in acc[4j + 2h + {0, 1}] (j < ND).
 template <typename T> struct AttnScores {
   const void* mask;
   int mask_kind, causal;
