@@ -248,13 +248,16 @@ def test_small_head_dims_padded_but_short_causal_rows(d: int, lk: int, causal: b
     """Head dims up to WG_MAX_SMALL_DIM run the warpgroup kernels padded to 64 (they are bound
     by the softmax there, not by the MMAs), but causal rows of at most WG_CAUSAL_SHORT_KEYS
     keys stay on attn_tc; past the small dims the causal rule does not apply."""
-    def plan(dim: int):
+    def plan(dim: int, masked: bool = False):
         return a.plan_attention("float16", dim, dim, lk, lk, 16384 // lk, 32, 1, H100, occ1,
-                                causal=causal)
+                                causal=causal, masked=masked)
 
     assert plan(d).kernel.startswith(f"cunorm::{kernel}<")
     if kernel == "attn_ws":
         assert plan(d).kernel == plan(64).kernel
+        assert plan(d, masked=True).kernel == plan(64).kernel[:-1] + ", true>"
+    else:
+        assert plan(d, masked=True).kernel == plan(d).kernel  # attn_tc: one build
     assert plan(33).kernel.startswith("cunorm::attn_ws<")
     assert a.uses_wgmma("float16", d, d, lk, 90, causal=causal, lk=lk) == (kernel != "attn_tc")
 

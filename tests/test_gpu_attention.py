@@ -811,3 +811,42 @@ def test_any_sign_of_scale(rng, dtype, masked, scale):
                 res, lse = cunorm.attention(q, k, v, causal=causal, scale=scale, mask=mask,
                                             out=out, return_lse=True)
             check(res, lse, ref, ref_lse, nerr, dt, f"scale={scale} causal={causal} ws={ws}")
+
+
+@pytest.mark.parametrize("climb", [25.0, 60.0])
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_row_max_growing_along_the_keys(rng, dtype, d, climb):
+    """Scores that climb along every row (by ``climb`` natural-log units over the keys, at a
+    rate that differs from row to row), so the row maximum grows tile after tile: at head dims
+    of 128 and up the warpgroup kernels keep a lazy reference maximum, which then moves in the
+    middle of rows on some tiles and stays on others, with some lanes of a warp moving and
+    others not. Every forced path (key splits, warpgroups, attn_ws on and off), causal and
+    not, with and without a mask (one fully masked query row), against the float64 reference,
+    lse included; outputs poisoned."""
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    b, hq, hkv, lq, lk = 1, 4, 2, 200, 700
+    q = rng.standard_normal((b, hq, lq, d))
+    k = rng.standard_normal((b, hkv, lk, d))
+    # column 0 carries the climb: q_i . k_j / sqrt(d) gains rate_i * climb * j / lk
+    q[..., 0] = math.sqrt(d) * rng.uniform(0.3, 1.0, (b, hq, lq))
+    k[..., 0] = climb * np.arange(lk) / lk
+    q, k = cupy.asarray(q.astype(dt)), cupy.asarray(k.astype(dt))
+    v = cupy.asarray(randn(rng, (b, hkv, lk, d), dt))
+    keep = rng.random((lq, lk)) > 0.2
+    keep[7] = False
+    for mask in (None, cupy.asarray(keep)):
+        for causal in (False, True):
+            ref, ref_lse = reference(q, k, v, causal=causal, mask=mask)
+            live = ~np.isneginf(ref_lse).reshape(-1)
+            nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live]
+                         .max(initial=0.0))
+            for split, groups, ws in ((None, None, None), (2, None, None), (7, None, None),
+                                      (None, 2, None), (None, None, True), (None, None, False)):
+                out = cupy.full((b, hq, lq, d), np.nan, dt)
+                with force_choices(split, groups, None, ws):
+                    res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
+                                                return_lse=True)
+                check(res, lse, ref, ref_lse, nerr, dt,
+                      f"climb={climb} mask={mask is not None} causal={causal} split={split} "
+                      f"groups={groups} ws={ws}")
