@@ -359,7 +359,11 @@ template <typename T> struct AttnScores {
 };
 
 // acc[4j + 2h + {0, 1}] *= alpha[h]: the output of rows h = 0, 1 follows their new max.
-template <int ND> __device__ __forceinline__ void attn_rescale(float* acc, const float alpha[2]) {
+// SKIP: the warp skips it where every alpha of its lanes is exactly 1 (once the row maxima,
+// or the warpgroup kernels' lazy references, settle: most tiles), so every lane must call.
+template <int ND, bool SKIP = false>
+__device__ __forceinline__ void attn_rescale(float* acc, const float alpha[2]) {
+  if (SKIP && !__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
   for (int j = 0; j < ND; ++j) {
 #pragma unroll
@@ -737,10 +741,8 @@ __device__ __forceinline__ void attn_tc_rows(CUNORM_ATTN_PACKED_PARAMS) {
       float alpha[2];
       scores.template softmax_step<NB>(&s[mi][0][0], m[mi], l[mi], alpha, t, r0, row_ok[mi],
                                        pos[mi], n0, edge);
-      // Once the row maxima settle, alpha is exactly 1 for the whole warp on most tiles
-      // (decoding: 4 * ND multiplies a tile for nothing), so the warp skips the rescale.
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-        attn_rescale<ND>(&acc[mi][0][0], alpha);
+      // (skipped by a warp whose alphas are all 1: decoding spent 4 * ND multiplies a tile on it)
+      attn_rescale<ND, true>(&acc[mi][0][0], alpha);
     }
 
     // O += P V: the score accumulators of two n8 blocks are the A fragment of one k16 step.
@@ -1072,9 +1074,7 @@ template <typename T, int DP, int BN, int BM, bool MK> struct WgRows {
     wg_pin<DP / 2>(acc);
     wg_pin<BN / 4>(&p[0][0]);
     pv_done();
-    if (!kLazy || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-      attn_rescale<ND>(acc, alpha);
-    }
+    attn_rescale<ND, kLazy>(acc, alpha);
     to_p();
   }
   // The last key tile's P V, issued (then issued() runs) and waited for.
