@@ -8,6 +8,7 @@ Exits non-zero if any result is wrong, so a sanitizer run also checks correctnes
 from __future__ import annotations
 
 import sys
+import time
 
 import cupy
 import ml_dtypes
@@ -143,6 +144,7 @@ def check_attention(rng: np.random.Generator) -> int:
                (1, 2, None, None), (1, 1, 1, None), (1, 2, 1, None), (None, None, None, True))
     for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
         for b, hq, hkv, lq, lk, d, dv in shapes:
+            started = time.perf_counter()
             q = cupy.asarray(rng.standard_normal((b, lq, hq, d)).astype(dt)).transpose(0, 2, 1, 3)
             k = cupy.asarray(rng.standard_normal((b, hkv, lk, d)).astype(dt))
             v = cupy.asarray(rng.standard_normal((b, hkv, lk, dv)).astype(dt))
@@ -162,6 +164,9 @@ def check_attention(rng: np.random.Generator) -> int:
                               f" causal={causal}"
                               f" mask={m is not None}")
                         bad += 1
+            # a sanitizer run that stalls shows which shape it stalled on
+            print(f"attention {np.dtype(dt).name} {(b, hq, hkv, lq, lk, d, dv)}: "
+                  f"{time.perf_counter() - started:.1f} s", flush=True)
     return bad
 
 
