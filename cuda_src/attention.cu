@@ -266,6 +266,13 @@ template <typename T> struct AttnScores {
     return mask_kind != kMaskNone || n0 + bn - 1 > attn_last_key(t.i_min, lq, lk, causal);
   }
 
+  // How many of a row's keys from c0 on, out of this thread's 8 NB of a tile, are not past
+  // Lk or its causal bound: one 32-bit limit a row.
+  template <int NB> __device__ __forceinline__ int key_limit(i64 pos, i64 c0) const {
+    const i64 last = attn_last_key(pos, lq, lk, causal);
+    return static_cast<int>(max(static_cast<i64>(0), min(last - c0 + 1, static_cast<i64>(8 * NB))));
+  }
+
   // Scale to log2 units, mask, then one online-softmax step: the new row max over the lane quad
   // that shares a row, alpha = exp2(m_old - m_new), l = l * alpha + sum(s), s = exp2(s - m_new).
   // The caller rescales its output accumulator by alpha (rescale()).
@@ -297,10 +304,7 @@ template <typename T> struct AttnScores {
       const i64 c0 = n0 + (lane & 3) * 2;  // this thread's first key in the tile
       int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const i64 last = attn_last_key(pos[h], lq, lk, causal);
-        lim[h] = static_cast<int>(max(static_cast<i64>(0), min(last - c0 + 1, static_cast<i64>(8 * NB))));
-      }
+      for (int h = 0; h < 2; ++h) lim[h] = key_limit<NB>(pos[h], c0);
 #pragma unroll
       for (int j = 0; j < NB; ++j) {
 #pragma unroll
@@ -309,7 +313,58 @@ template <typename T> struct AttnScores {
           s[4 * j + e] = j * 8 + (e & 1) < lim[e >> 1] ? x : -Math<float>::inf();
         }
       }
-    } else if (edge) {  // an explicit mask
+    } else if (NB >= 16 && edge && m_sk == 1 && (mask_kind == kMaskBool || !causal)) {
+      // An explicit mask, contiguous along the keys: each row's mask offset once a tile (its
+      // query head is a 64-bit division, ~70 instructions, which the general form below
+      // leaves at every score), then the mask's values at constant offsets from it, the loads
+      // predicated: 2.7-5.6x the general form's speed (H200, bf16, D = 64 and 128). The
+      // strides pass through an empty asm so that no part of the offsets is hoisted out of
+      // the key loop to stay live across it. The kernels sit at the register limit, and
+      // ptxas spilled 80-1300 bytes for forms that select after each load (a score past the
+      // causal bound taken out whatever its value: so an additive mask takes this form only
+      // without the causal mask, every key past lim then past Lk, where the zero-filled K
+      // rows give finite scores), that read aligned pairs as one word, or (4 bytes) on the
+      // 64-key tiles of head dims above 128, which keep the general form.
+      i64 lq_here = lq, sb = m_sb, sh = m_sh, sq = m_sq;
+      asm volatile("" : "+l"(lq_here), "+l"(sb), "+l"(sh), "+l"(sq));
+      const i64 c0 = n0 + (lane & 3) * 2;  // this thread's first key in the tile
+      // (a row past the tile's rows reads nothing: its head may lie past the mask's)
+      int lim[2];
+      i64 row_at[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        lim[h] = ok[h] ? key_limit<NB>(pos[h], c0) : 0;
+        const i64 head = static_cast<i64>(t.kvh) * group + (r0 + h * 8) / lq_here;
+        row_at[h] = t.b * sb + head * sh + pos[h] * sq + c0;
+      }
+      if (mask_kind == kMaskBool) {
+        const unsigned char* row[2] = {static_cast<const unsigned char*>(mask) + row_at[0],
+                                       static_cast<const unsigned char*>(mask) + row_at[1]};
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = j * 8 + (e & 1);
+            const bool keep = col < lim[e >> 1] && row[e >> 1][col];
+            s[4 * j + e] = keep ? s[4 * j + e] * scale_log2 : -Math<float>::inf();
+          }
+        }
+      } else {
+        const T* row[2] = {static_cast<const T*>(mask) + row_at[0],
+                           static_cast<const T*>(mask) + row_at[1]};
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = j * 8 + (e & 1);
+            const float bias = col < lim[e >> 1] ? to_compute<float>(row[e >> 1][col]) * 1.4426950408889634f
+                                                 : -Math<float>::inf();
+            s[4 * j + e] = s[4 * j + e] * scale_log2 + bias;
+          }
+        }
+      }
+      mul = 1.0f;
+    } else if (edge) {  // an explicit mask, any strides
       const i64 last[2] = {attn_last_key(pos[0], lq, lk, causal),
                            attn_last_key(pos[1], lq, lk, causal)};
 #pragma unroll

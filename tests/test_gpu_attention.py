@@ -813,6 +813,23 @@ def test_any_sign_of_scale(rng, dtype, masked, scale):
             check(res, lse, ref, ref_lse, nerr, dt, f"scale={scale} causal={causal} ws={ws}")
 
 
+def check_forced_paths(q, k, v, mask, causal: bool, extra_choices, where: str) -> None:
+    """cunorm.attention on q, k, v (float64 reference, lse included, output poisoned) with the
+    planner's choice, two warpgroups a block, attn_ws on and off, and ``extra_choices``
+    ((split, groups, ws) tuples) forced."""
+    ref, ref_lse = reference(q, k, v, causal=causal, mask=mask)
+    live = ~np.isneginf(ref_lse).reshape(-1)
+    nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live].max(initial=0.0))
+    for split, groups, ws in ((None, None, None), (None, 2, None), (None, None, True),
+                              (None, None, False), *extra_choices):
+        out = cupy.full((*q.shape[:-1], v.shape[-1]), np.nan, q.dtype)
+        with force_choices(split, groups, None, ws):
+            res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
+                                        return_lse=True)
+        check(res, lse, ref, ref_lse, nerr, q.dtype,
+              f"{where} causal={causal} split={split} groups={groups} ws={ws}")
+
+
 @pytest.mark.parametrize("climb", [25.0, 60.0])
 @pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -837,16 +854,33 @@ def test_row_max_growing_along_the_keys(rng, dtype, d, climb):
     keep[7] = False
     for mask in (None, cupy.asarray(keep)):
         for causal in (False, True):
-            ref, ref_lse = reference(q, k, v, causal=causal, mask=mask)
-            live = ~np.isneginf(ref_lse).reshape(-1)
-            nerr = float(row_errors(naive(q, k, v, causal=causal, mask=mask), ref)[live]
-                         .max(initial=0.0))
-            for split, groups, ws in ((None, None, None), (2, None, None), (7, None, None),
-                                      (None, 2, None), (None, None, True), (None, None, False)):
-                out = cupy.full((b, hq, lq, d), np.nan, dt)
-                with force_choices(split, groups, None, ws):
-                    res, lse = cunorm.attention(q, k, v, causal=causal, mask=mask, out=out,
-                                                return_lse=True)
-                check(res, lse, ref, ref_lse, nerr, dt,
-                      f"climb={climb} mask={mask is not None} causal={causal} split={split} "
-                      f"groups={groups} ws={ws}")
+            check_forced_paths(q, k, v, mask, causal, ((2, None, None), (7, None, None)),
+                               f"climb={climb} mask={mask is not None}")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mask_layouts_on_long_rows(rng, dtype, d):
+    """Explicit masks in every layout the kernels read differently, over rows of several key
+    tiles: contiguous along the keys (bool and additive; the kernels find a row's mask offset
+    once a tile and read its values at constant offsets), a transposed view (key stride Lq)
+    and a mask broadcast along the keys (key stride 0), both through the general per-score
+    form. Every forced path, causal and not, a fully masked query row, lse included, against
+    the float64 reference; outputs poisoned."""
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    b, hq, hkv, lq, lk = 2, 4, 2, 150, 700
+    q, k, v = (cupy.asarray(randn(rng, shape, dt))
+               for shape in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, d)))
+    keep = rng.random((b, 1, lq, lk)) > 0.3
+    keep[:, :, 9] = False
+    additive = np.where(keep, 0.5 * rng.standard_normal(keep.shape), -np.inf).astype(dt)
+    masks = {
+        "bool": cupy.asarray(keep),
+        "additive": cupy.asarray(additive),
+        "bool transposed": cupy.asarray(keep.swapaxes(-1, -2).copy()).swapaxes(-1, -2),
+        "additive over queries": cupy.asarray(additive[0, 0, :, :1]),  # (Lq, 1)
+    }
+    for name, mask in masks.items():
+        for causal in (False, True):
+            check_forced_paths(q, k, v, mask, causal, ((3, None, None), (None, 1, None)),
+                               f"mask={name}")
