@@ -313,7 +313,8 @@ template <typename T> struct AttnScores {
           s[4 * j + e] = j * 8 + (e & 1) < lim[e >> 1] ? x : -Math<float>::inf();
         }
       }
-    } else if (NB >= 16 && edge && m_sk == 1 && (mask_kind == kMaskBool || !causal)) {
+    } else if (NB >= 16 && edge && m_sk == 1 &&
+               (mask_kind == kMaskBool || n0 + 8 * NB - 1 <= attn_last_key(t.i_min, lq, lk, causal))) {
       // An explicit mask, contiguous along the keys: each row's mask offset once a tile (its
       // query head is a 64-bit division, ~70 instructions, which the general form below
       // leaves at every score), then the mask's values at constant offsets from it, the loads
@@ -321,10 +322,11 @@ template <typename T> struct AttnScores {
       // strides pass through an empty asm so that no part of the offsets is hoisted out of
       // the key loop to stay live across it. The kernels sit at the register limit, and
       // ptxas spilled 80-1300 bytes for forms that select after each load (a score past the
-      // causal bound taken out whatever its value: so an additive mask takes this form only
-      // without the causal mask, every key past lim then past Lk, where the zero-filled K
-      // rows give finite scores), that read aligned pairs as one word, or (4 bytes) on the
-      // 64-key tiles of head dims above 128, which keep the general form.
+      // causal bound taken out whatever its value: so an additive mask takes this form only on
+      // tiles that no row's causal bound or Lk cuts, the tile's every key then seen by every
+      // row, and keys past lim lie past the rows of the tile; their values never count), that
+      // read aligned pairs as one word, or (4 bytes) on the 64-key tiles of head dims above
+      // 128, which keep the general form.
       i64 lq_here = lq, sb = m_sb, sh = m_sh, sq = m_sq;
       asm volatile("" : "+l"(lq_here), "+l"(sb), "+l"(sh), "+l"(sq));
       const i64 c0 = n0 + (lane & 3) * 2;  // this thread's first key in the tile

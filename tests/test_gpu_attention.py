@@ -884,3 +884,34 @@ def test_mask_layouts_on_long_rows(rng, dtype, d):
         for causal in (False, True):
             check_forced_paths(q, k, v, mask, causal, ((3, None, None), (None, 1, None)),
                                f"mask={name}")
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_causal_mask_drops_nonfinite_future_keys(rng, d, mask_kind):
+    """Under causal=True with an explicit mask, a key past a query's causal bound is out of
+    its row whatever its scores: K rows of NaN and inf at the last keys leave every query that
+    cannot see them exactly as without them (the warpgroup kernels read a contiguous mask
+    without a select only on key tiles that no row's causal bound cuts). Every forced path,
+    against the float64 reference of the clean K."""
+    dt = BF16
+    b, hq, hkv, n = 1, 4, 2, 700
+    q, k, v = (randn(rng, (b, h, n, d), dt) for h in (hq, hkv, hkv))
+    keep = rng.random((n, n)) > 0.2
+    mask = keep if mask_kind == "bool" else np.where(keep, 0.5 * rng.standard_normal((n, n)),
+                                                     -np.inf).astype(dt)
+    ref, _ = reference(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True,
+                       mask=cupy.asarray(mask))
+    bad_k = k.copy()
+    bad_k[..., n - 3:, :] = np.array([[np.nan], [np.inf], [-np.inf]]).astype(dt)
+    q, bad_k, v, mask = (cupy.asarray(a) for a in (q, bad_k, v, mask))
+    seen = n - 3  # queries 0 .. n - 4 see none of the last three keys
+    for split, groups, ws in ((None, None, None), (None, 2, None), (None, None, True),
+                              (None, None, False), (3, None, None)):
+        with force_choices(split, groups, None, ws):
+            out = to_host(cunorm.attention(q, bad_k, v, causal=True, mask=mask))
+        got = np.asarray(out, np.float64)[..., :seen, :]
+        where = f"{mask_kind} split={split} groups={groups} ws={ws}"
+        assert np.isfinite(got).all(), where
+        err = float(row_errors(got, ref[..., :seen, :]).max())
+        assert err <= TOL["bfloat16"], f"{where}: error {err:.3g}"
