@@ -890,10 +890,11 @@ def test_mask_layouts_on_long_rows(rng, dtype, d):
 @pytest.mark.parametrize("d", [64, 128])
 def test_causal_mask_drops_nonfinite_future_keys(rng, d, mask_kind):
     """Under causal=True with an explicit mask, a key past a query's causal bound is out of
-    its row whatever its scores: K rows of NaN and inf at the last keys leave every query that
-    cannot see them exactly as without them (the warpgroup kernels read a contiguous mask
-    without a select only on key tiles that no row's causal bound cuts). Every forced path,
-    against the float64 reference of the clean K."""
+    its row whatever its scores: K rows of NaN and inf at keys 381-383 (the end of the third
+    128-key tile, which only the causal bound cuts) leave every query that cannot see them
+    exactly as without them (the warpgroup kernels read a contiguous additive mask without a
+    select only on key tiles that no row's causal bound cuts). Every forced path, against the
+    float64 reference of the clean K."""
     dt = BF16
     b, hq, hkv, n = 1, 4, 2, 700
     q, k, v = (randn(rng, (b, h, n, d), dt) for h in (hq, hkv, hkv))
@@ -903,9 +904,9 @@ def test_causal_mask_drops_nonfinite_future_keys(rng, d, mask_kind):
     ref, _ = reference(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True,
                        mask=cupy.asarray(mask))
     bad_k = k.copy()
-    bad_k[..., n - 3:, :] = np.array([[np.nan], [np.inf], [-np.inf]]).astype(dt)
+    seen = 381  # queries 0 .. 380 see none of keys 381 .. 383
+    bad_k[..., seen:seen + 3, :] = np.array([[np.nan], [np.inf], [-np.inf]]).astype(dt)
     q, bad_k, v, mask = (cupy.asarray(a) for a in (q, bad_k, v, mask))
-    seen = n - 3  # queries 0 .. n - 4 see none of the last three keys
     for split, groups, ws in ((None, None, None), (None, 2, None), (None, None, True),
                               (None, None, False), (3, None, None)):
         with force_choices(split, groups, None, ws):
