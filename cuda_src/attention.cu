@@ -154,12 +154,16 @@ __device__ __forceinline__ void attn_key_range(const AttnTile& t, i64 lq, i64 lk
 
 // Whether score (row i, key j) is kept, and its additive bias (log2 units), from the explicit
 // mask; keys past Lk and the causal mask are the caller's.
+// An additive mask's value in log2 units.
+template <typename T> __device__ __forceinline__ float attn_bias_log2(T value) {
+  return to_compute<float>(value) * 1.4426950408889634f;
+}
 template <typename T>
 __device__ __forceinline__ float attn_mask_bias(const void* mask, int kind, i64 off) {
   if (kind == kMaskBool) {
     return static_cast<const unsigned char*>(mask)[off] ? 0.0f : -Math<float>::inf();
   }
-  return to_compute<float>(static_cast<const T*>(mask)[off]) * 1.4426950408889634f;
+  return attn_bias_log2(static_cast<const T*>(mask)[off]);
 }
 
 // Where results go: the output and lse of a launch with one split, else the float32 / float64
@@ -263,7 +267,12 @@ template <typename T> struct AttnScores {
   // Whether a key tile needs per-score masking: it runs past the last key the tile's first row
   // sees (past Lk, or across its causal bound), or an explicit mask exists.
   __device__ __forceinline__ bool edge(const AttnTile& t, i64 n0, int bn) const {
-    return mask_kind != kMaskNone || n0 + bn - 1 > attn_last_key(t.i_min, lq, lk, causal);
+    return mask_kind != kMaskNone || cut(t, n0, bn);
+  }
+  // Whether Lk or the causal bound of some row of the tile falls among keys n0 .. n0 + bn - 1
+  // (t.i_min: the tile's first query position, whose bound comes first).
+  __device__ __forceinline__ bool cut(const AttnTile& t, i64 n0, int bn) const {
+    return n0 + bn - 1 > attn_last_key(t.i_min, lq, lk, causal);
   }
 
   // How many of a row's keys from c0 on, out of this thread's 8 NB of a tile, are not past
@@ -313,8 +322,7 @@ template <typename T> struct AttnScores {
           s[4 * j + e] = j * 8 + (e & 1) < lim[e >> 1] ? x : -Math<float>::inf();
         }
       }
-    } else if (NB >= 16 && edge && m_sk == 1 &&
-               (mask_kind == kMaskBool || n0 + 8 * NB - 1 <= attn_last_key(t.i_min, lq, lk, causal))) {
+    } else if (NB >= 16 && edge && m_sk == 1 && (mask_kind == kMaskBool || !cut(t, n0, 8 * NB))) {
       // An explicit mask, contiguous along the keys: each row's mask offset once a tile (its
       // query head is a 64-bit division, ~70 instructions, which the general form below
       // leaves at every score), then the mask's values at constant offsets from it, the loads
@@ -359,8 +367,7 @@ template <typename T> struct AttnScores {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = j * 8 + (e & 1);
-            const float bias = col < lim[e >> 1] ? to_compute<float>(row[e >> 1][col]) * 1.4426950408889634f
-                                                 : -Math<float>::inf();
+            const float bias = col < lim[e >> 1] ? attn_bias_log2(row[e >> 1][col]) : -Math<float>::inf();
             s[4 * j + e] = s[4 * j + e] * scale_log2 + bias;
           }
         }
