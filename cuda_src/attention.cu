@@ -152,18 +152,9 @@ __device__ __forceinline__ void attn_key_range(const AttnTile& t, i64 lq, i64 lk
   end = min(ntiles, begin + per);
 }
 
-// Whether score (row i, key j) is kept, and its additive bias (log2 units), from the explicit
-// mask; keys past Lk and the causal mask are the caller's.
 // An additive mask's value in log2 units.
 template <typename T> __device__ __forceinline__ float attn_bias_log2(T value) {
   return to_compute<float>(value) * 1.4426950408889634f;
-}
-template <typename T>
-__device__ __forceinline__ float attn_mask_bias(const void* mask, int kind, i64 off) {
-  if (kind == kMaskBool) {
-    return static_cast<const unsigned char*>(mask)[off] ? 0.0f : -Math<float>::inf();
-  }
-  return attn_bias_log2(static_cast<const T*>(mask)[off]);
 }
 
 // Where results go: the output and lse of a launch with one split, else the float32 / float64
@@ -383,11 +374,18 @@ template <typename T> struct AttnScores {
           float x = s[4 * j + e] * scale_log2;
           const int h = e >> 1;
           const i64 key = n0 + j * 8 + (lane & 3) * 2 + (e & 1);
-          const bool keep = key <= last[h];
+          bool keep = key <= last[h];
           if (keep && ok[h]) {
             const i64 r = r0 + h * 8;
             const i64 head = static_cast<i64>(t.kvh) * group + r / lq;
-            x += attn_mask_bias<T>(mask, mask_kind, t.b * m_sb + head * m_sh + pos[h] * m_sq + key * m_sk);
+            const i64 off = t.b * m_sb + head * m_sh + pos[h] * m_sq + key * m_sk;
+            // a bool mask selects (a NaN score it drops, from an unwritten KV-cache slot say,
+            // stays out, as in the contiguous form above); an additive one adds
+            if (mask_kind == kMaskBool) {
+              keep = static_cast<const unsigned char*>(mask)[off] != 0;
+            } else {
+              x += attn_bias_log2(static_cast<const T*>(mask)[off]);
+            }
           }
           s[4 * j + e] = keep ? x : -Math<float>::inf();
         }

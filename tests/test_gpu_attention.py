@@ -886,6 +886,30 @@ def test_mask_layouts_on_long_rows(rng, dtype, d):
                                f"mask={name}")
 
 
+@pytest.mark.parametrize("lq", [1, 150])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_bool_mask_drops_nonfinite_keys(rng, d, lq):
+    """A bool mask selects: K rows of NaN and +-inf at keys that every query masks out (the
+    unwritten tail of a padded KV cache) leave every output as the reference without them,
+    with a contiguous padding mask (B, 1, 1, Lk) and a transposed (B, 1, Lq, Lk) view (the
+    general per-score form), decoding (Lq = 1: key splits, clusters) and prefill, every forced
+    path, causal and not. An additive -inf would give NaN there, as it does in torch."""
+    b, hq, hkv, lk = 2, 4, 2, 700
+    q, k, v = (cupy.asarray(randn(rng, shape, BF16))
+               for shape in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, d)))
+    lens = np.array([650, 420])
+    k[0, :, 650:653] = cupy.asarray(np.array([[np.nan], [np.inf], [-np.inf]]).astype(BF16))
+    k[1, :, 600:] = np.nan
+    keep = np.arange(lk)[None, :] < lens[:, None]
+    full = np.broadcast_to(keep[:, None, None, :], (b, 1, lq, lk))
+    masks = {"padding": cupy.asarray(keep.reshape(b, 1, 1, lk)),
+             "transposed": cupy.asarray(full.swapaxes(-1, -2).copy()).swapaxes(-1, -2)}
+    for name, mask in masks.items():
+        for causal in (False, True):
+            check_forced_paths(q, k, v, mask, causal, ((3, None, None), (16, None, None)),
+                               f"mask={name}")
+
+
 @pytest.mark.parametrize("mask_kind", ["bool", "additive"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_causal_mask_drops_nonfinite_future_keys(rng, d, mask_kind):
