@@ -69,6 +69,12 @@ def in_place(*operands) -> bool:
     return all(_unit_last(a) for a in operands)
 
 
+def mask_in_place(mask, dtype) -> bool:
+    """Whether :func:`run` passes ``mask`` (with q of ``dtype``) to the launcher as it is: no
+    cast (bool, or already ``dtype``) and whole-element strides (else a contiguous copy)."""
+    return mask_in_dtype(mask, dtype) is mask and _array.element_strides(mask) is not None
+
+
 def _operand(a, xp):
     """``a`` itself, or a contiguous copy if the launcher cannot read it in place."""
     return a if _unit_last(a) else xp.ascontiguousarray(a)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _attn_dispatch, _pdl
+from ._cache import BoundedCache
 from ._device import device_props
 from ._kernels import get_kernel, occupancy
 
@@ -15,9 +16,9 @@ from ._kernels import get_kernel, occupancy
 #: after it (for measurements; prepared launches keep the setting they were made with).
 DEPENDENT_COMBINE = True
 
-# (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, forced choices)
+# (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, masked, scale > 0, forced choices)
 # -> (plan, kernel, combine, the merge's dependent launch or None)
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple, tuple] = BoundedCache()
 
 _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
 

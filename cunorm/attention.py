@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _array, _attention_layout, _attention_ref
 from ._attn_dispatch import forced_choices
+from ._cache import BoundedCache
 
 FNAME = "attention"
 #: the largest head dim (of q and k, and of v) the kernels take; every kind is held to it, so
@@ -95,11 +96,11 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask
     """
     kind = _array.array_kind(q, FNAME, "q")
     key = None
-    if kind == "cupy" and mask is None and out is None:
-        key = _memo_key(q, k, v, causal, scale, return_lse)
+    if kind == "cupy" and out is None:
+        key = _memo_key(q, k, v, mask, causal, scale, return_lse)
         fast = None if key is None else _MEMO.get(key)
         if fast is not None:
-            return fast(q, k, v)
+            return fast(q, k, v, mask)
     if kind in ("numpy", "cupy"):
         call = _validate(kind, q, k, v, causal, scale, mask, return_lse, out)
         if kind == "numpy":
@@ -239,22 +240,26 @@ def _validate(kind: str, q, k, v, causal, scale, mask, return_lse, out) -> Atten
 
 
 # --- CuPy -------------------------------------------------------------------------------
-# Hot-path memo (decoding calls the same geometry every step): the key of a call without mask
-# and out that ran as one launch on its operands in place -> _FastCall. A hit skips every
+# Hot-path memo (decoding calls the same geometry every step): the key of a call without out
+# that ran as one launch on its operands (and mask) in place -> _FastCall. A hit skips every
 # check the first call made (array kinds, dtypes, shapes, devices, flags: all in the key);
-# only the pointers are new.
-_MEMO: dict[tuple, _FastCall] = {}
+# only the pointers are new. Masked calls took 316 us of host time a call without it, against
+# 44 for a memoized one (H200, bf16 decoding, B = 8, 32 / 8 heads, Lk = 16384, a (B, 1, 1, Lk)
+# padding mask): 2.5x the GPU's 130 us, so masked decoding ran at the host's pace.
+_MEMO: dict[tuple, _FastCall] = BoundedCache()
 
 
-def _memo_key(q, k, v, causal, scale, return_lse) -> tuple | None:
+def _memo_key(q, k, v, mask, causal, scale, return_lse) -> tuple | None:
     """The memo key of a call with CuPy ``q``, or None where the arguments' types alone could
     make two different calls hash alike (``True`` and ``1``, a NumPy ``k``, ...)."""
     if (type(k) is not type(q) or type(v) is not type(q) or type(causal) is not bool
-            or type(return_lse) is not bool or not (scale is None or type(scale) is float)):
+            or type(return_lse) is not bool or not (scale is None or type(scale) is float)
+            or not (mask is None or type(mask) is type(q))):
         return None
+    masked = () if mask is None else (mask.shape, mask.strides, mask.dtype, mask.data.device_id)
     return (q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
             v.dtype, q.data.device_id, k.data.device_id, v.data.device_id, causal, scale,
-            return_lse, forced_choices())
+            return_lse, forced_choices(), masked)
 
 
 class _FastCall:
@@ -266,21 +271,21 @@ class _FastCall:
         self.launch, self.dtype, self.out_shape = launch, dtype, call.out_shape
         self.lse_shape = call.lse_shape if call.return_lse else None
 
-    def __call__(self, q, k, v):
+    def __call__(self, q, k, v, mask):
         import cupy
 
         out = cupy.empty(self.out_shape, self.dtype)
         if self.lse_shape is None:
-            self.launch.fire(q, k, v, out)
+            self.launch.fire(q, k, v, out, mask)
             return out
         lse = cupy.empty(self.lse_shape, np.float32)
-        self.launch.fire(q, k, v, out, None, lse)
+        self.launch.fire(q, k, v, out, mask, lse)
         return out, lse
 
 
 def _attention_cupy(call: AttentionCall, q, k, v, mask, out, memo_key: tuple | None):
-    """Run a validated call; memoize it under ``memo_key`` (given for calls without mask and
-    out) if it ran as one launch on its operands in place."""
+    """Run a validated call; memoize it under ``memo_key`` (given for calls without out) if it
+    ran as one launch on its operands and mask in place."""
     import cupy
 
     from . import _attn_launch  # the kernels' launcher; imported on the first GPU call
@@ -292,7 +297,8 @@ def _attention_cupy(call: AttentionCall, q, k, v, mask, out, memo_key: tuple | N
 
     res = _attention_layout.run(call, q, k, v, mask, out, cupy, launch)
     if (memo_key is not None and len(fired) == 1 and call.dv > 0
-            and _attention_layout.in_place(q, k, v)):
+            and _attention_layout.in_place(q, k, v)
+            and (mask is None or _attention_layout.mask_in_place(mask, q.dtype))):
         _MEMO[memo_key] = _FastCall(call, fired[0], q.dtype)
     return res
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _array, _dispatch
+from ._cache import BoundedCache
 from ._device import device_props
 from ._kernels import get_kernel, occupancy, set_carveout
 
 # (device, op, dtype, rows, cols, align, residual, forced path)
 #   -> (kernel, grid, block, smem, carveout hint)
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple, tuple] = BoundedCache()
 
 
 def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None, return_stats=False,

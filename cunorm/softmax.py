@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import _array, _dispatch
+from ._cache import BoundedCache
 from ._device import device_props
 from ._kernels import get_kernel, occupancy
 
 # (device, log, src, dst, outer, dim, inner, align, forced path)
 #   -> (LaunchPlan, kernel, grid tuple, block tuple)
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple, tuple] = BoundedCache()
 
 
 def softmax(x, axis=-1, *, dtype=None, out=None):

@@ -4,6 +4,7 @@ nor ml_dtypes, and the kernel sources are found and compiled as one self-contain
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -167,3 +168,30 @@ def test_foreign_stream_wrapper() -> None:
     assert _array._wrap_stream(new, 0x1234, 1) == "wrapped"
     assert _array._wrap_stream(old, 0x1234, 1) == "external"
     assert made == [("from_external", (0, 0x1234)), ("ExternalStream", 0x1234, 1)]
+
+
+# --- bounded per-geometry caches -------------------------------------------------------------
+def test_bounded_cache_drops_the_oldest_entry():
+    from cunorm._cache import BoundedCache
+
+    cache = BoundedCache(3)
+    for i in range(5):
+        cache[i] = str(i)
+    assert list(cache.items()) == [(2, "2"), (3, "3"), (4, "4")]
+    cache[3] = "again"  # replacing a kept key drops nothing
+    assert list(cache) == [2, 3, 4] and cache[3] == "again"
+    assert cache.get(0) is None
+    with pytest.raises(ValueError, match="limit must be an int >= 1"):
+        BoundedCache(0)
+
+
+@pytest.mark.parametrize(("module", "name"), [
+    ("cunorm.softmax", "_PLANS"), ("cunorm.norm", "_PLANS"), ("cunorm._attn_launch", "_PLANS"),
+    ("cunorm.attention", "_MEMO")])
+def test_geometry_caches_are_bounded(module, name):
+    """A program that meets a new geometry on every call (a KV cache growing by a key a step)
+    must not grow the plan caches or the attention memo without end."""
+    from cunorm._cache import CACHE_LIMIT, BoundedCache
+
+    cache = getattr(importlib.import_module(module), name)
+    assert isinstance(cache, BoundedCache) and cache.limit == CACHE_LIMIT

@@ -484,6 +484,35 @@ def test_repeated_calls_take_the_memo(rng, launches, return_lse):
     assert bool((cupy.abs(res.astype(np.float32) - results[0].astype(np.float32)) < 1e-2).all())
 
 
+def test_masked_calls_take_the_memo(rng, launches):
+    """A masked decoding call of a seen geometry takes the memo and reads the new mask's
+    values (the pointer of this call's mask); NaN keys behind its False entries (an
+    uninitialized KV-cache slot) never reach the output. A mask of another layout is another
+    key, and one the launcher gets as a cast copy (float32 for float16 q) is not memoized."""
+    q = cupy.asarray(randn(rng, (3, 8, 1, 64), np.float16))  # decoding: 8 query on 2 KV heads
+    k, v = (cupy.asarray(randn(rng, (3, 2, 700, 64), np.float16)) for _ in "kv")
+    finite = k.copy()
+    k[1, :, 333:] = np.nan  # past batch 1's every length below
+
+    def run(keys, mask, where: str) -> None:
+        out = cunorm.attention(q, keys, v, mask=mask)
+        ref, ref_lse = reference(q, keys, v, mask=mask)  # (NaN scores it masks are dropped)
+        nerr = float(row_errors(naive(q, keys, v, mask=mask), ref).max())
+        check(out, None, ref, ref_lse, nerr, np.dtype(np.float16), where)
+
+    for lens in ((700, 333, 64), (500, 100, 700), (1, 333, 650)):  # one geometry
+        keep = np.arange(700)[None, :] < np.array(lens)[:, None]
+        mask = cupy.asarray(keep.reshape(3, 1, 1, 700))
+        run(k, mask, f"lengths {lens}")
+    assert len(launches) == 1, "later masked calls of one geometry must take the memo"
+    run(k, cupy.asfortranarray(mask[:, 0, 0])[:, None, None], "key stride 3")
+    assert len(launches) == 2, "a mask of other strides is another geometry"
+    add = cupy.where(mask, 0.0, -np.inf).astype(np.float32)
+    run(finite, add, "float32 additive mask")
+    run(finite, add, "float32 additive mask, again")
+    assert len(launches) == 4, "a mask cast for the launch is not memoized"
+
+
 def test_memo_keeps_every_check(rng):
     """After a memoized call, arguments that differ in kind, dtype or type still fail."""
     q = cupy.asarray(randn(rng, (1, 4, 1, 64), np.float16))
