@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._cache import BoundedCache
+
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _EXPECTED = "float16, bfloat16, float32 or float64"
 
@@ -57,9 +59,19 @@ def array_kind(x: object, fname: str, argname: str = "x") -> str:
     )
 
 
+# dtype -> its name: NumPy's dtype.name is computed in Python on each access (3-8 us)
+_DTYPE_NAMES: dict = BoundedCache(64)
+
+
 def dtype_name(dtype: object) -> str:
     """Canonical name of a NumPy/CuPy dtype (``ml_dtypes.bfloat16`` -> ``"bfloat16"``)."""
-    return np.dtype(dtype).name
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+        return name
+    except TypeError:  # unhashable: not cached
+        return np.dtype(dtype).name
 
 
 def check_float(dtype: object, fname: str, argname: str) -> str:

@@ -80,6 +80,13 @@ def _operand(a, xp):
     return a if _unit_last(a) else xp.ascontiguousarray(a)
 
 
+def _broadcast(a, lead: tuple[int, ...], xp):
+    """``a`` (``(..., H, L, D)``) viewed with the leading dims ``lead``: ``a`` itself where it
+    has them already (a new view costs a few microseconds of host time a call)."""
+    shape = (*lead, *a.shape[-3:])
+    return a if a.shape == shape else xp.broadcast_to(a, shape)
+
+
 def _direct_out(out, sources, xp) -> bool:
     """Whether the launcher may write ``out`` itself: launchable strides, no element twice
     (no zero stride on an axis longer than 1) and no memory shared with an input."""
@@ -134,17 +141,18 @@ def run(call: AttentionCall, q, k, v, mask, out, xp, launch: Callable) -> tuple:
     else:
         dst = xp.empty(call.out_shape, dt)
 
-    full = [xp.broadcast_to(qo, (*lead, *qo.shape[-3:])),
-            xp.broadcast_to(ko, (*lead, *ko.shape[-3:])),
-            xp.broadcast_to(vo, (*lead, *vo.shape[-3:])), dst]
+    full = [_broadcast(qo, lead, xp), _broadcast(ko, lead, xp), _broadcast(vo, lead, xp), dst]
     if lse is not None:
         full.append(lse)
     if mo is not None:
         full.append(xp.broadcast_to(mo, call.mask_shape))
-    n = len(lead)
-    j, bstrides = batch_layout(lead, tuple(_array.element_strides(a)[:n] for a in full))
-    views = zip(*(_slices(a, lead, j, s, xp) for a, s in zip(full, bstrides, strict=True)),
-                strict=True)
+    if len(lead) == 1:  # (B, H, L, D) already: the launcher's views are the arrays themselves
+        views = [full]
+    else:
+        n = len(lead)
+        j, bstrides = batch_layout(lead, tuple(_array.element_strides(a)[:n] for a in full))
+        views = zip(*(_slices(a, lead, j, s, xp) for a, s in zip(full, bstrides, strict=True)),
+                    strict=True)
     for qs, ks, vs, os_, *extra in views:
         ls = extra.pop(0) if lse is not None else None
         ms = extra.pop(0) if mo is not None else None

@@ -4,9 +4,12 @@ validates and normalizes user arrays before calling :func:`launch_attention`."""
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import numpy as np
 
-from . import _attn_dispatch, _pdl
+from . import _array, _attn_dispatch, _pdl
 from ._cache import BoundedCache
 from ._device import device_props
 from ._kernels import get_kernel, occupancy
@@ -19,6 +22,8 @@ DEPENDENT_COMBINE = True
 # (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, masked, scale > 0, forced choices)
 # -> (plan, kernel, combine, the merge's dependent launch or None)
 _PLANS: dict[tuple, tuple] = BoundedCache()
+# (device, merge kernel name, part rows) -> its _pdl.DependentLaunch
+_DEPENDENT: dict[tuple, _pdl.DependentLaunch] = BoundedCache()
 
 _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
 
@@ -41,12 +46,23 @@ COMBINE_ARGS = _struct("part_rows lq o_sb o_sh o_sl lse_sb lse_sh lse_sl", "",
                        "splits hkv group dv")
 
 
+@functools.cache
+def _fields_of(dtype: np.dtype) -> operator.itemgetter:
+    """A dict's values in the order of ``dtype``'s fields, in one call."""
+    return operator.itemgetter(*dtype.names)
+
+
+def _records(dtype: np.dtype, *values: dict) -> list[np.void]:
+    """Values of a structured dtype (kernel arguments passed by value), one per dict of
+    every field's value, built in one array."""
+    get = _fields_of(dtype)
+    return list(np.array([get(v) for v in values], dtype))
+
+
 def _record(dtype: np.dtype, **values) -> np.void:
-    """One value of a structured dtype (a kernel argument passed by value)."""
-    rec = np.zeros((), dtype)
-    for name, value in values.items():
-        rec[name] = value
-    return rec[()]
+    """One value of a structured dtype (a kernel argument passed by value); fields not
+    given are 0."""
+    return _records(dtype, dict.fromkeys(dtype.names, 0) | values)[0]
 
 
 def _strides(a, name: str) -> tuple[int, ...]:
@@ -121,7 +137,7 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     bsz, hq, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
-    dtype = q.dtype.name
+    dtype = _array.dtype_name(q.dtype)
     qs, ks, vs, os_ = (_strides(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
     isz = q.itemsize
     strides_aligned = d % 8 == 0 and dv % 8 == 0 and all(
@@ -147,7 +163,7 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
                   m_sh=ms[1], m_sq=ms[2], m_sk=ms[3], row_tiles=plan.row_tiles, scale=scale,
                   mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(causal),
                   items=plan.items)
-    records = {vec: _record(ATTN_ARGS, **fields, vec=vec) for vec in (0, 1)}
+    records = dict(enumerate(_records(ATTN_ARGS, {**fields, "vec": 0}, {**fields, "vec": 1})))
     if _attn_dispatch.packed_args(plan.kernel):
         args = {vec: (rec,) for vec, rec in records.items()}
     else:  # the same values as plain parameters, in the struct's order
@@ -210,9 +226,14 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
                                          causal=causal, masked=masked,
                                          scale_positive=scale_positive)
     combine = kernel_for(plan.combine)
-    dependent = None  # one per plan: its grid is the plan's part rows, B * Hkv * group * Lq
+    dependent = None
     if plan.needs_combine and _pdl.available(props.arch):
-        dependent = _pdl.DependentLaunch(combine, dev, bsz * hkv * group * lq,
-                                         _attn_dispatch.COMBINE_THREADS, 4,
-                                         (COMBINE_ARGS.itemsize,))
+        # one per merge kernel and grid (the part rows, B * Hkv * group * Lq), shared by the
+        # plans of every Lk: each fire fills its arguments
+        key = (dev, plan.combine, bsz * hkv * group * lq)
+        dependent = _DEPENDENT.get(key)
+        if dependent is None:
+            dependent = _DEPENDENT[key] = _pdl.DependentLaunch(
+                combine, dev, key[2], _attn_dispatch.COMBINE_THREADS, 4,
+                (COMBINE_ARGS.itemsize,))
     return plan, kernel_for(plan.kernel), combine, dependent

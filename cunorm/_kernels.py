@@ -14,6 +14,8 @@ import functools
 import importlib.resources
 from pathlib import Path
 
+from ._cache import BoundedCache
+
 # (device id, kernel name) -> cupy.RawKernel, filled lazily.
 _KERNELS: dict[tuple[int, str], object] = {}
 # CUfunction_attribute CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (not named by CuPy)
@@ -111,6 +113,13 @@ def get_kernel(device_id: int, arch: int, op_file: str, name: str, smem_optin: i
     return kern
 
 
+def drop_kernels() -> None:
+    """Forget every compiled kernel and what was measured of them (occupancy), so that later
+    calls compile again: for measurements that swap sources or options in one process."""
+    _KERNELS.clear()
+    _OCCUPANCY.clear()
+
+
 # CUfunction handle -> the carveout hint last given to it. The hint is an attribute of the
 # function, and CuPy shares one module (so one function) among equal sources and options, so
 # the record follows the handle, not the RawKernel object.
@@ -131,17 +140,26 @@ def set_carveout(kernel, percent: int) -> None:
         _CARVEOUTS[handle] = percent
 
 
+# (CUfunction handle, block, dynamic smem) -> blocks per SM under the driver's carveout
+_OCCUPANCY: dict[tuple[int, int, int], int] = BoundedCache()
+
+
 def occupancy(kernel, block: int, dynamic_smem: int) -> int:
     """Active blocks per multiprocessor for ``kernel`` at this block size and shared memory,
     under the driver's split of L1 and shared memory: the driver's answer follows the
     kernel's carveout hint, which a launch of another plan may have set, and a plan must not
-    depend on which shape ran before it."""
-    import cupy
+    depend on which shape ran before it. Answers are cached (every new shape plans, and a
+    plan may ask twice)."""
+    key = (kernel.kernel.ptr, block, dynamic_smem)
+    blocks = _OCCUPANCY.get(key)
+    if blocks is None:
+        import cupy
 
-    set_carveout(kernel, -1)
-    return int(
-        cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            kernel.kernel.ptr, block, dynamic_smem
+        set_carveout(kernel, -1)
+        blocks = _OCCUPANCY[key] = int(
+            cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                kernel.kernel.ptr, block, dynamic_smem
+            )
         )
-    )
+    return blocks
 

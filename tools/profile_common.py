@@ -90,7 +90,7 @@ def _build_with(options: tuple[str, ...]) -> None:
     base = getattr(_kernels, "_shipped_options", _kernels.compile_options)
     _kernels._shipped_options = base
     _kernels.compile_options = (lambda arch, op_file="": (*base(arch, op_file), *options))
-    _kernels._KERNELS.clear()
+    _kernels.drop_kernels()
     _dispatch._drop_cached_plans()
 
 
@@ -162,9 +162,11 @@ def drop_attention_plans() -> None:
     constants. The memo's prepared launches hold compiled kernels and plans: left in place
     (from the memo's start on 2026-11-21 until 2026-11-27), every attention A/B of sources or
     constants in one process timed the first arm's kernels in both arms."""
-    from cunorm import _attn_launch
+    from cunorm import _attn_dispatch, _attn_launch
 
     _attn_launch._PLANS.clear()
+    _attn_launch._DEPENDENT.clear()  # (they hold the merge kernel)
+    _attn_dispatch.choose_splits.cache_clear()  # (planner constants may have changed)
     sys.modules["cunorm.attention"]._MEMO.clear()  # (cunorm.attention is the function)
 
 
@@ -176,6 +178,6 @@ def _use_sources(folder) -> None:
 
     _kernels.source_dir = folder
     _kernels.kernel_source.cache_clear()
-    _kernels._KERNELS.clear()
+    _kernels.drop_kernels()
     _dispatch._drop_cached_plans()
     drop_attention_plans()
