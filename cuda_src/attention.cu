@@ -180,7 +180,8 @@ template <typename T> struct AttnOut {
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (!ok) return;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    // (l == 0: a fully masked row, 0; a NaN l, from a NaN score, stays NaN in out and lse)
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     if (gridDim.z > 1) {
       const i64 prow =
           (static_cast<i64>(blockIdx.z) * (gridDim.x / row_tiles) + blockIdx.x / row_tiles) * t.rows + r;
@@ -224,7 +225,7 @@ template <typename T> struct AttnOut {
     if (lse == nullptr) return;
     lse[t.b * lse_sb + (static_cast<i64>(t.kvh) * group + t.head_of<FAST>(r, lq)) * lse_sh +
         t.pos_of<FAST>(r, lq) * lse_sl] =
-        l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -Math<float>::inf();
+        l == 0.0f ? -Math<float>::inf() : (m + log2f(l)) * 0.6931471805599453f;
   }
 };
 
@@ -669,7 +670,7 @@ __device__ __forceinline__ void attn_cluster_merge(float* state, const float* ac
       sum += e * cluster_load(Cluster<CM>::remote_addr(row + DP + 1, c));
       y += e * cluster_load(Cluster<CM>::remote_addr(row + col, c));
     }
-    if (col < out.dv) out.row_out(t, group, lq, r)[col] = from_compute<T>(sum > 0.0f ? y / sum : 0.0f);
+    if (col < out.dv) out.row_out(t, group, lq, r)[col] = from_compute<T>(sum == 0.0f ? 0.0f : y / sum);
     if (rank == 0 && idx % CW == 0) out.row_lse(t, group, lq, r, mx, sum);
   }
   Cluster<CM>::sync();
@@ -1673,10 +1674,10 @@ __global__ void __launch_bounds__(256, 1) attn_simt(CUNORM_ATTN_PACKED_PARAMS) {
 #pragma unroll
     for (int u = 0; u < DPL; ++u) {
       const int c = lane + 32 * u;
-      if (c < dv) dst[c] = static_cast<T>(l > C(0) ? acc[u] / l : C(0));
+      if (c < dv) dst[c] = static_cast<T>(l == C(0) ? C(0) : acc[u] / l);
     }
     if (lse != nullptr && lane == 0) {
-      const C row_lse = l > C(0) ? m + Math<C>::log(l) : -Math<C>::inf();
+      const C row_lse = l == C(0) ? -Math<C>::inf() : m + Math<C>::log(l);
       lse[t.b * lse_sb + head * lse_sh + pos * lse_sl] = static_cast<float>(row_lse);
     }
   }
@@ -1806,11 +1807,12 @@ __global__ void __launch_bounds__(256) attn_combine(const typename AttnWork<T>::
     Sum2<P> acc = part[0][tid];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) acc = CompensatedSumOp<P>::apply(acc, part[w][tid]);
-    dst[tid] = from_compute<T>(denom > P(0) ? (acc.a + acc.b) / denom : P(0));
+    // (denom == 0: every split empty; NaN, from a split's NaN sum: the row is NaN, as unsplit)
+    dst[tid] = from_compute<T>(denom == P(0) ? P(0) : (acc.a + acc.b) / denom);
   }
   if (lse != nullptr && tid == 0)
     lse[b * args.lse_sb + head * args.lse_sh + pos * args.lse_sl] =
-        static_cast<float>(denom > P(0) ? mx + Math<P>::log(denom) : -Math<P>::inf());
+        static_cast<float>(denom == P(0) ? -Math<P>::inf() : mx + Math<P>::log(denom));
 }
 
 }  // namespace cunorm

@@ -916,6 +916,34 @@ def test_mask_layouts_on_long_rows(rng, dtype, d):
 
 
 @pytest.mark.parametrize("lq", [1, 150])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_nan_score_gives_nan_row(rng, dtype, lq):
+    """A NaN key that no mask removes makes every row that sees it NaN, out and lse, on every
+    path: unsplit, key splits merged by attn_combine, clusters (decoding); every other row as
+    the reference. (A split merge returned such rows as 0 with lse -inf, and the unsplit
+    kernels an lse of -inf beside a NaN output.)"""
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    b, hq, hkv, lk, d = 2, 4, 2, 700, 64
+    q, k, v = (cupy.asarray(randn(rng, shape, dt))
+               for shape in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, d)))
+    k[0, 1, 600, 7] = np.nan  # batch 0, KV head 1: query heads 2, 3 (causal: rows from 50 on)
+    for causal in (False, True):
+        ref, ref_lse = reference(q, k, v, causal=causal)
+        bad = np.isnan(ref_lse)
+        assert bad.any() and not bad.all()
+        for choice in CHOICES + [(3, None, None, None), (16, None, None, None)]:
+            out = cupy.full((b, hq, lq, d), 1.0, dt)  # poisoned with a finite value
+            with force_choices(*choice):
+                res, lse = cunorm.attention(q, k, v, causal=causal, out=out, return_lse=True)
+            got, got_lse = to_host(res).astype(np.float64), to_host(lse)
+            where = f"causal={causal} choice={choice}"
+            assert np.isnan(got[bad]).all() and np.isnan(got_lse[bad]).all(), where
+            assert not np.isnan(got[~bad]).any() and not np.isnan(got_lse[~bad]).any(), where
+            err = float(row_errors(got[~bad], ref[~bad]).max())
+            assert err <= TOL[dt.name], (where, err)
+
+
+@pytest.mark.parametrize("lq", [1, 150])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_bool_mask_drops_nonfinite_keys(rng, d, lq):
     """A bool mask selects: K rows of NaN and +-inf at keys that every query masks out (the
