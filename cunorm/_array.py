@@ -297,7 +297,7 @@ def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> It
 
 # (device, CUDA stream handle) -> CuPy stream: a wrapper of the handle only, so one per handle
 # serves every call (building it costs ~1-2 us of a call's host time)
-_EXTERNAL_STREAMS: dict[tuple[int, int], object] = {}
+_EXTERNAL_STREAMS: dict[tuple[int, int], object] = BoundedCache()
 
 
 class _StreamHandle:

@@ -203,7 +203,7 @@ def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
 # call did (~35 us of host time on short rows, more than the kernel); only the pointers and
 # the device are new. Only plain int axes and Python float eps take it (True and 1.0 would
 # hash like 1).
-_RECIPES: dict[tuple, tuple] = {}
+_RECIPES: dict[tuple, tuple] = BoundedCache()
 
 
 def _layout(a) -> tuple | None:

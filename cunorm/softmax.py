@@ -97,7 +97,7 @@ def _frame_dtype(dtype, fname: str):
 # Hot-path memo: (shape, strides, dtype, axis, log) of a call with no dtype= and no out= that
 # went straight to a kernel -> _Recipe. A hit skips every check the first call already made
 # (same array kind, dtype, axes and layout); only the pointers and the device are new.
-_RECIPES: dict[tuple, _Recipe] = {}
+_RECIPES: dict[tuple, _Recipe] = BoundedCache()
 
 
 class _Recipe:
