@@ -1807,7 +1807,8 @@ __global__ void __launch_bounds__(256) attn_combine(const typename AttnWork<T>::
     Sum2<P> acc = part[0][tid];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) acc = CompensatedSumOp<P>::apply(acc, part[w][tid]);
-    // (denom == 0: every split empty; NaN, from a split's NaN sum: the row is NaN, as unsplit)
+    // (denom == 0: every split empty; NaN, from a split's NaN sum l_s, whose weight is 0 but
+    // whose e * l_s = 0 * NaN made the total NaN: the row is NaN, as unsplit)
     dst[tid] = from_compute<T>(denom == P(0) ? P(0) : (acc.a + acc.b) / denom);
   }
   if (lse != nullptr && tid == 0)

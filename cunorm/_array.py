@@ -286,8 +286,6 @@ def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> It
         ptr = torch.cuda.current_stream(dev).cuda_stream
         stream = _EXTERNAL_STREAMS.get((dev, ptr))
         if stream is None:
-            if len(_EXTERNAL_STREAMS) >= 64:  # streams come and go: keep the table small
-                _EXTERNAL_STREAMS.clear()
             stream = _EXTERNAL_STREAMS[dev, ptr] = _wrap_stream(cupy, ptr, dev)
         with cupy.cuda.Device(dev), stream:
             yield
@@ -296,8 +294,9 @@ def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> It
 
 
 # (device, CUDA stream handle) -> CuPy stream: a wrapper of the handle only, so one per handle
-# serves every call (building it costs ~1-2 us of a call's host time)
-_EXTERNAL_STREAMS: dict[tuple[int, int], object] = BoundedCache()
+# serves every call (building it costs ~1-2 us of a call's host time); streams come and go,
+# so the table keeps the 64 newest
+_EXTERNAL_STREAMS: dict[tuple[int, int], object] = BoundedCache(64)
 
 
 class _StreamHandle:

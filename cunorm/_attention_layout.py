@@ -58,10 +58,11 @@ def batch_layout(lead: tuple[int, ...],
     raise AssertionError("unreachable: an empty block always collapses")
 
 
-def _unit_last(a) -> bool:
-    """Whether ``a``'s strides are whole elements with a unit-stride last axis."""
+def _unit_last(a, strict: bool = False) -> bool:
+    """Whether ``a``'s strides are whole elements with a unit-stride last axis (one of size
+    1 counts as unit-stride, as it is never stepped, unless ``strict``)."""
     es = _array.element_strides(a)
-    return es is not None and (a.shape[-1] <= 1 or es[-1] == 1)
+    return es is not None and ((a.shape[-1] <= 1 and not strict) or es[-1] == 1)
 
 
 def in_place(*operands) -> bool:
@@ -71,8 +72,10 @@ def in_place(*operands) -> bool:
 
 def mask_in_place(mask, dtype) -> bool:
     """Whether :func:`run` passes ``mask`` (with q of ``dtype``) to the launcher as it is: no
-    cast (bool, or already ``dtype``) and whole-element strides (else a contiguous copy)."""
-    return mask_in_dtype(mask, dtype) is mask and _array.element_strides(mask) is not None
+    cast (bool, or already ``dtype``: what :func:`mask_in_dtype` keeps) and whole-element
+    strides (else a contiguous copy)."""
+    return ((mask.dtype == np.bool_ or mask.dtype == dtype)
+            and _array.element_strides(mask) is not None)
 
 
 def _operand(a, xp):
@@ -146,7 +149,9 @@ def run(call: AttentionCall, q, k, v, mask, out, xp, launch: Callable) -> tuple:
         full.append(lse)
     if mo is not None:
         full.append(xp.broadcast_to(mo, call.mask_shape))
-    if len(lead) == 1:  # (B, H, L, D) already: the launcher's views are the arrays themselves
+    if len(lead) == 1 and all(_unit_last(a, strict=True) for a in full):
+        # (B, H, L, D) already with unit-stride last axes: the launcher's views are the arrays
+        # themselves (it takes a batch of one's stride as 0, as the views below give it)
         views = [full]
     else:
         n = len(lead)

@@ -62,6 +62,9 @@ def _records(dtype: np.dtype, *values: dict) -> list[np.void]:
 def _record(dtype: np.dtype, **values) -> np.void:
     """One value of a structured dtype (a kernel argument passed by value); fields not
     given are 0."""
+    unknown = values.keys() - set(dtype.names)
+    if unknown:
+        raise ValueError(f"no field {sorted(unknown)} in {dtype}")
     return _records(dtype, dict.fromkeys(dtype.names, 0) | values)[0]
 
 
@@ -138,7 +141,14 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
     dtype = _array.dtype_name(q.dtype)
-    qs, ks, vs, os_ = (_strides(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
+
+    def strides(a, name: str) -> tuple[int, ...]:
+        # a batch of one is never stepped: stride 0, whatever view the caller built (as the
+        # layout's collapsed views give it), so it never turns the 16-byte path off
+        es = _strides(a, name)
+        return (0, *es[1:]) if bsz == 1 else es
+
+    qs, ks, vs, os_ = (strides(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
     isz = q.itemsize
     strides_aligned = d % 8 == 0 and dv % 8 == 0 and all(
         (s * isz) % 16 == 0 for st in (qs, ks, vs, os_) for s in st[:3])
@@ -154,8 +164,8 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     plan, kernel, combine, dependent = entry
 
     kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
-    ms = (0, 0, 0, 0) if mask is None else _strides(mask, "mask")
-    ls = (0, 0, 0) if lse is None else _strides(lse, "lse")
+    ms = (0, 0, 0, 0) if mask is None else strides(mask, "mask")
+    ls = (0, 0, 0) if lse is None else strides(lse, "lse")
     out_strides = dict(o_sb=os_[0], o_sh=os_[1], o_sl=os_[2], lse_sb=ls[0], lse_sh=ls[1],
                        lse_sl=ls[2])
     fields = dict(lq=lq, lk=lk, q_sb=qs[0], q_sh=qs[1], q_sl=qs[2], k_sb=ks[0], k_sh=ks[1],

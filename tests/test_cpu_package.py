@@ -185,6 +185,38 @@ def test_bounded_cache_drops_the_oldest_entry():
         BoundedCache(0)
 
 
+def test_bounded_cache_under_threads():
+    """Threads inserting past the limit at once (a decoding loop per thread, each meeting a
+    new geometry a call) never raise and leave at most ``limit`` entries."""
+    import threading
+
+    from cunorm._cache import BoundedCache
+
+    cache, errors = BoundedCache(8), []
+
+    def insert(base: int) -> None:
+        try:
+            for i in range(20_000):
+                cache[base + i] = i
+                if i % 997 == 0:
+                    cache.clear()
+        except Exception as err:  # noqa: BLE001 - any exception is the failure
+            errors.append(err)
+
+    threads = [threading.Thread(target=insert, args=(n * 100_000,)) for n in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: an unlocked eviction fails at once
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+    assert len(cache) <= 8
+
+
 @pytest.mark.parametrize(("module", "name"), [
     ("cunorm.softmax", "_PLANS"), ("cunorm.softmax", "_RECIPES"), ("cunorm.norm", "_PLANS"),
     ("cunorm.norm", "_RECIPES"), ("cunorm._attn_launch", "_PLANS"),
@@ -196,4 +228,5 @@ def test_geometry_caches_are_bounded(module, name):
     from cunorm._cache import CACHE_LIMIT, BoundedCache
 
     cache = getattr(importlib.import_module(module), name)
-    assert isinstance(cache, BoundedCache) and cache.limit == CACHE_LIMIT
+    assert isinstance(cache, BoundedCache)
+    assert cache.limit == (64 if name == "_EXTERNAL_STREAMS" else CACHE_LIMIT)

@@ -375,7 +375,8 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(mod, "launch_attention", spy)
     # a memoized call skips the launcher (see test_repeated_calls_take_the_memo): start empty
-    monkeypatch.setattr(importlib.import_module("cunorm.attention"), "_MEMO", {})
+    monkeypatch.setattr(importlib.import_module("cunorm.attention"), "_MEMO",
+                        importlib.import_module("cunorm._cache").BoundedCache())
     return calls
 
 
@@ -486,9 +487,9 @@ def test_repeated_calls_take_the_memo(rng, launches, return_lse):
 
 def test_masked_calls_take_the_memo(rng, launches):
     """A masked decoding call of a seen geometry takes the memo and reads the new mask's
-    values (the pointer of this call's mask); NaN keys behind its False entries (an
-    uninitialized KV-cache slot) never reach the output. A mask of another layout is another
-    key, and one the launcher gets as a cast copy (float32 for float16 q) is not memoized."""
+    values (the pointer of this call's mask); NaN keys behind its False entries never reach
+    the output. A mask of another layout is another key, and one the launcher gets as a cast
+    copy (float32 for float16 q) is not memoized."""
     q = cupy.asarray(randn(rng, (3, 8, 1, 64), np.float16))  # decoding: 8 query on 2 KV heads
     k, v = (cupy.asarray(randn(rng, (3, 2, 700, 64), np.float16)) for _ in "kv")
     finite = k.copy()
@@ -916,7 +917,7 @@ def test_mask_layouts_on_long_rows(rng, dtype, d):
 
 
 @pytest.mark.parametrize("lq", [1, 150])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_nan_score_gives_nan_row(rng, dtype, lq):
     """A NaN key that no mask removes makes every row that sees it NaN, out and lse, on every
     path: unsplit, key splits merged by attn_combine, clusters (decoding); every other row as
@@ -946,11 +947,11 @@ def test_nan_score_gives_nan_row(rng, dtype, lq):
 @pytest.mark.parametrize("lq", [1, 150])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_bool_mask_drops_nonfinite_keys(rng, d, lq):
-    """A bool mask selects: K rows of NaN and +-inf at keys that every query masks out (the
-    unwritten tail of a padded KV cache) leave every output as the reference without them,
-    with a contiguous padding mask (B, 1, 1, Lk) and a transposed (B, 1, Lq, Lk) view (the
-    general per-score form), decoding (Lq = 1: key splits, clusters) and prefill, every forced
-    path, causal and not. An additive -inf would give NaN there, as it does in torch."""
+    """A bool mask selects: K rows of NaN and +-inf at keys that every query masks out leave
+    every output as the reference without them, with a contiguous padding mask (B, 1, 1, Lk)
+    and a (B, 1, Lq, Lk) view of key stride 2 (the general per-score form, decoding
+    included), decoding (Lq = 1: key splits, clusters) and prefill, every forced path, causal
+    and not. An additive -inf would give NaN there, as it does in torch."""
     b, hq, hkv, lk = 2, 4, 2, 700
     q, k, v = (cupy.asarray(randn(rng, shape, BF16))
                for shape in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, d)))
@@ -958,9 +959,9 @@ def test_bool_mask_drops_nonfinite_keys(rng, d, lq):
     k[0, :, 650:653] = cupy.asarray(np.array([[np.nan], [np.inf], [-np.inf]]).astype(BF16))
     k[1, :, 600:] = np.nan
     keep = np.arange(lk)[None, :] < lens[:, None]
-    full = np.broadcast_to(keep[:, None, None, :], (b, 1, lq, lk))
+    wide = np.repeat(np.broadcast_to(keep[:, None, None, :], (b, 1, lq, lk)), 2, axis=-1)
     masks = {"padding": cupy.asarray(keep.reshape(b, 1, 1, lk)),
-             "transposed": cupy.asarray(full.swapaxes(-1, -2).copy()).swapaxes(-1, -2)}
+             "key stride 2": cupy.asarray(wide)[..., ::2]}
     for name, mask in masks.items():
         for causal in (False, True):
             check_forced_paths(q, k, v, mask, causal, ((3, None, None), (16, None, None)),

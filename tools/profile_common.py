@@ -92,6 +92,7 @@ def _build_with(options: tuple[str, ...]) -> None:
     _kernels.compile_options = (lambda arch, op_file="": (*base(arch, op_file), *options))
     _kernels.drop_kernels()
     _dispatch._drop_cached_plans()
+    drop_attention_plans()
 
 
 def _warm_up() -> None:
