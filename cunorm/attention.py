@@ -241,11 +241,12 @@ def _validate(kind: str, q, k, v, causal, scale, mask, return_lse, out) -> Atten
 
 # --- CuPy -------------------------------------------------------------------------------
 # Hot-path memo (decoding calls the same geometry every step): the key of a call without out
-# that ran as one launch on its operands (and mask) in place -> _FastCall. A hit skips every
-# check the first call made (array kinds, dtypes, shapes, devices, flags: all in the key);
-# only the pointers are new. Masked calls took 316 us of host time a call without it, against
-# 44 for a memoized one (H200, bf16 decoding, B = 8, 32 / 8 heads, Lk = 16384, a (B, 1, 1, Lk)
-# padding mask): 2.5x the GPU's 130 us, so masked decoding ran at the host's pace.
+# that ran as one launch on its operands (and mask, or its cast to q's dtype) -> _FastCall.
+# A hit skips every check the first call made (array kinds, dtypes, shapes, devices, flags:
+# all in the key); only the pointers are new. Masked calls took 316 us of host time a call
+# without it, against 44 for a memoized one (H200, bf16 decoding, B = 8, 32 / 8 heads,
+# Lk = 16384, a (B, 1, 1, Lk) padding mask): 2.5x the GPU's 130 us, so masked decoding ran at
+# the host's pace.
 _MEMO: dict[tuple, _FastCall] = BoundedCache()
 
 
@@ -263,17 +264,21 @@ def _memo_key(q, k, v, mask, causal, scale, return_lse) -> tuple | None:
 
 
 class _FastCall:
-    """A memoized call: allocate the result (and lse), fire the prepared launch."""
+    """A memoized call: allocate the result (and lse), cast a float mask of another dtype
+    than q's (``cast_mask``), fire the prepared launch."""
 
-    __slots__ = ("launch", "out_shape", "lse_shape", "dtype")
+    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "cast_mask")
 
-    def __init__(self, call: AttentionCall, launch, dtype) -> None:
+    def __init__(self, call: AttentionCall, launch, dtype, cast_mask: bool) -> None:
         self.launch, self.dtype, self.out_shape = launch, dtype, call.out_shape
         self.lse_shape = call.lse_shape if call.return_lse else None
+        self.cast_mask = cast_mask
 
     def __call__(self, q, k, v, mask):
         import cupy
 
+        if self.cast_mask:  # (the layout of the cast follows the mask's: same as the first's)
+            mask = _attention_ref.mask_in_dtype(mask, self.dtype)
         out = cupy.empty(self.out_shape, self.dtype)
         if self.lse_shape is None:
             self.launch.fire(q, k, v, out, mask)
@@ -296,10 +301,13 @@ def _attention_cupy(call: AttentionCall, q, k, v, mask, out, memo_key: tuple | N
         fired.append(_attn_launch.launch_attention(*args, **kwargs))
 
     res = _attention_layout.run(call, q, k, v, mask, out, cupy, launch)
+    # a float mask of another dtype goes to the kernel as a cast copy (a fresh array whose
+    # layout follows the mask's), which a memoized call makes again
+    cast = mask is not None and mask.dtype != np.bool_ and mask.dtype != q.dtype
     if (memo_key is not None and len(fired) == 1 and call.dv > 0
             and _attention_layout.in_place(q, k, v)
-            and (mask is None or _attention_layout.mask_in_place(mask, q.dtype))):
-        _MEMO[memo_key] = _FastCall(call, fired[0], q.dtype)
+            and (mask is None or cast or _attention_layout.mask_in_place(mask, q.dtype))):
+        _MEMO[memo_key] = _FastCall(call, fired[0], q.dtype, cast)
     return res
 
 

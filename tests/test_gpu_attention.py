@@ -489,7 +489,7 @@ def test_masked_calls_take_the_memo(rng, launches):
     """A masked decoding call of a seen geometry takes the memo and reads the new mask's
     values (the pointer of this call's mask); NaN keys behind its False entries never reach
     the output. A mask of another layout is another key, and one the launcher gets as a cast
-    copy (float32 for float16 q) is not memoized."""
+    copy (float32 for float16 q) is memoized with its cast, made anew on every call."""
     q = cupy.asarray(randn(rng, (3, 8, 1, 64), np.float16))  # decoding: 8 query on 2 KV heads
     k, v = (cupy.asarray(randn(rng, (3, 2, 700, 64), np.float16)) for _ in "kv")
     finite = k.copy()
@@ -508,10 +508,12 @@ def test_masked_calls_take_the_memo(rng, launches):
     assert len(launches) == 1, "later masked calls of one geometry must take the memo"
     run(k, cupy.asfortranarray(mask[:, 0, 0])[:, None, None], "key stride 3")
     assert len(launches) == 2, "a mask of other strides is another geometry"
-    add = cupy.where(mask, 0.0, -np.inf).astype(np.float32)
-    run(finite, add, "float32 additive mask")
-    run(finite, add, "float32 additive mask, again")
-    assert len(launches) == 4, "a mask cast for the launch is not memoized"
+    for lens in ((650, 100, 700), (30, 333, 400)):  # new values: cast anew on each call
+        keep = np.arange(700)[None, :] < np.array(lens)[:, None]
+        add = np.where(keep, 0.5 * rng.standard_normal(keep.shape), -np.inf)
+        run(finite, cupy.asarray(add.astype(np.float32).reshape(3, 1, 1, 700)),
+            f"float32 additive mask, lengths {lens}")
+    assert len(launches) == 3, "a float mask cast to q's dtype takes the memo too"
 
 
 def test_memo_keeps_every_check(rng):
