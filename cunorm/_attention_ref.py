@@ -17,12 +17,15 @@ if TYPE_CHECKING:
 
 def mask_in_dtype(mask, dtype):
     """A float ``mask`` cast to ``dtype`` (the dtype of q) on its own shape, before any
-    broadcast, so the cast never materialises more than the mask; bool masks as they are.
-    Works on NumPy and CuPy arrays."""
+    broadcast, its own broadcast axes (stride 0, from ``expand`` or ``broadcast_to``) cut to
+    size 1 first, so the cast never materialises more elements than the mask holds (the
+    caller broadcasts the result); bool masks as they are. Works on NumPy and CuPy arrays."""
     if mask is None or mask.dtype == np.bool_ or mask.dtype == dtype:
         return mask
+    once = tuple(slice(0, 1) if s == 0 and n > 1 else slice(None)
+                 for n, s in zip(mask.shape, mask.strides, strict=True))
     with np.errstate(over="ignore"):  # -1e30 in float16 is -inf, as meant
-        return mask.astype(dtype)
+        return mask[once].astype(dtype)
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool, scale: float,

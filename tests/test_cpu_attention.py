@@ -821,6 +821,20 @@ def test_layout_float_mask_cast_on_its_own_shape(rng, mdtype) -> None:
     assert _owner(launch.calls[0]["mask"]) is m16
 
 
+def test_layout_broadcast_float_mask_is_cast_once(rng) -> None:
+    """A float mask that is itself a broadcast view (torch's ``expand``: stride 0 over the
+    batch and heads) is cast on its own elements only, and broadcast again for the launch."""
+    q, k, v = randn(rng, (3, 4, 5, 8), np.float16), randn(rng, (3, 4, 6, 8), np.float16), \
+        randn(rng, (3, 4, 6, 8), np.float16)
+    pad = rng.standard_normal((3, 1, 1, 6)).astype(np.float32)
+    mask = np.broadcast_to(pad, (3, 4, 5, 6))  # 360 elements viewed, 18 held
+    (out, _), launch = run_layout(q, k, v, mask=mask)
+    m = launch.calls[0]["mask"]
+    assert m.dtype == np.float16 and m.strides[1:3] == (0, 0)
+    assert _owner(m).nbytes == 3 * 6 * 2  # the 18 held elements, cast once
+    assert_close_rows(out, formula(q, k, v, mask=mask.astype(np.float16))[0], "float16")
+
+
 def test_layout_bool_mask_is_passed_as_a_view(rng) -> None:
     q, k, v = (randn(rng, (2, 2, 4, 8), np.float32) for _ in range(3))
     mask = rng.random((1, 4, 4)) > 0.5
