@@ -514,6 +514,12 @@ def test_masked_calls_take_the_memo(rng, launches):
         run(finite, cupy.asarray(add.astype(np.float32).reshape(3, 1, 1, 700)),
             f"float32 additive mask, lengths {lens}")
     assert len(launches) == 3, "a float mask cast to q's dtype takes the memo too"
+    for lens in ((700, 1, 64), (333, 650, 2)):  # torch's expand: stride 0 over the heads
+        keep = np.arange(700)[None, :] < np.array(lens)[:, None]
+        add = np.where(keep, 0.5 * rng.standard_normal(keep.shape), -np.inf)
+        held = cupy.asarray(add.astype(np.float32).reshape(3, 1, 1, 700))
+        run(finite, cupy.broadcast_to(held, (3, 8, 1, 700)), f"expanded float32 mask {lens}")
+    assert len(launches) == 4, "an expanded float mask: one more geometry, then the memo"
 
 
 def test_memo_keeps_every_check(rng):
