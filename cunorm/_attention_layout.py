@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import _array
-from ._attention_ref import mask_in_dtype
+from ._attention_ref import mask_in_dtype, mask_needs_cast
 
 if TYPE_CHECKING:
     from .attention import AttentionCall
@@ -74,8 +74,7 @@ def mask_in_place(mask, dtype) -> bool:
     """Whether :func:`run` passes ``mask`` (with q of ``dtype``) to the launcher as it is: no
     cast (bool, or already ``dtype``: what :func:`mask_in_dtype` keeps) and whole-element
     strides (else a contiguous copy)."""
-    return ((mask.dtype == np.bool_ or mask.dtype == dtype)
-            and _array.element_strides(mask) is not None)
+    return not mask_needs_cast(mask, dtype) and _array.element_strides(mask) is not None
 
 
 def _operand(a, xp):

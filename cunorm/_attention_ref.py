@@ -15,12 +15,18 @@ if TYPE_CHECKING:
     from .attention import AttentionCall
 
 
+def mask_needs_cast(mask, dtype) -> bool:
+    """Whether :func:`mask_in_dtype` casts ``mask`` (a float mask of another dtype than
+    ``dtype``, the dtype of q) rather than returning it as it is."""
+    return mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype
+
+
 def mask_in_dtype(mask, dtype):
     """A float ``mask`` cast to ``dtype`` (the dtype of q) on its own shape, before any
     broadcast, its own broadcast axes (stride 0, from ``expand`` or ``broadcast_to``) cut to
     size 1 first, so the cast never materialises more elements than the mask holds (the
     caller broadcasts the result); bool masks as they are. Works on NumPy and CuPy arrays."""
-    if mask is None or mask.dtype == np.bool_ or mask.dtype == dtype:
+    if not mask_needs_cast(mask, dtype):
         return mask
     once = tuple(slice(0, 1) if s == 0 and n > 1 else slice(None)
                  for n, s in zip(mask.shape, mask.strides, strict=True))

@@ -303,7 +303,7 @@ def _attention_cupy(call: AttentionCall, q, k, v, mask, out, memo_key: tuple | N
     res = _attention_layout.run(call, q, k, v, mask, out, cupy, launch)
     # a float mask of another dtype goes to the kernel as a cast copy (a fresh array whose
     # layout follows the mask's), which a memoized call makes again
-    cast = mask is not None and mask.dtype != np.bool_ and mask.dtype != q.dtype
+    cast = _attention_ref.mask_needs_cast(mask, q.dtype)
     if (memo_key is not None and len(fired) == 1 and call.dv > 0
             and _attention_layout.in_place(q, k, v)
             and (mask is None or cast or _attention_layout.mask_in_place(mask, q.dtype))):
