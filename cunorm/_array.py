@@ -407,21 +407,28 @@ def memory_span(arr) -> tuple[int, int]:
     return lo, hi + arr.itemsize
 
 
-def pack_alignment(operands: tuple[tuple[int, int], ...], strides: tuple[int, ...]) -> int:
+def stride_bits(strides: tuple[int, ...]) -> int:
+    """The element strides of a launch folded for :func:`pack_alignment` (computed once per
+    layout, the pointers being each call's)."""
+    bits = 16
+    for s in strides:
+        bits |= abs(s)
+    return bits
+
+
+def pack_alignment(operands: tuple[tuple[int, int], ...], strides_bits: int) -> int:
     """Widest pack (elements, a power of two <= 16) that every operand and every element
     stride allows: each ``(pointer, itemsize)`` operand's element offset and each stride must
-    be a multiple of it.
+    be a multiple of it. ``strides_bits`` is :func:`stride_bits` of the strides.
 
     Examples
     --------
-    >>> pack_alignment(((0x1000, 2), (0x2008, 4)), (1024,))
+    >>> pack_alignment(((0x1000, 2), (0x2008, 4)), stride_bits((1024,)))
     2
     """
-    bits = 16
+    bits = strides_bits
     for ptr, itemsize in operands:
         if ptr % itemsize:
             return 1
         bits |= ptr // itemsize
-    for s in strides:
-        bits |= abs(s)
     return bits & -bits

@@ -389,7 +389,8 @@ def wg_head_dim(d: int, dv: int) -> int:
 
 def packed_args(kernel: str) -> bool:
     """Whether forward kernel ``kernel`` takes its scalar arguments as one ``AttnArgs`` struct
-    (attn_tc, attn_simt: fewer arguments, less host time per launch) rather than as plain
+    (attn_tc, attn_simt: one argument; with CuPy's launcher, which converted every argument
+    on each call, that cost less host time) rather than as plain
     parameters in the struct's order (attn_wg: the struct made it 2.4x slower on an H200;
     see attention.cu)."""
     return not kernel.startswith(("cunorm::attn_wg<", "cunorm::attn_ws<"))

@@ -9,21 +9,22 @@ import operator
 
 import numpy as np
 
-from . import _array, _attn_dispatch, _pdl
+from . import _array, _attn_dispatch, _driver_launch
 from ._cache import BoundedCache
 from ._device import device_props
 from ._kernels import get_kernel, occupancy
 
 #: Launch the split-KV merge (attn_combine) as a programmatic dependent of the attention
-#: kernel where the device and driver allow it (:mod:`cunorm._pdl`). False: an ordinary launch
-#: after it (for measurements; prepared launches keep the setting they were made with).
+#: kernel where the device and driver allow it (:mod:`cunorm._driver_launch`). False: an
+#: ordinary launch after it (for measurements; prepared launches keep the setting they were
+#: made with).
 DEPENDENT_COMBINE = True
 
 # (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, masked, scale > 0, forced choices)
-# -> (plan, kernel, combine, the merge's dependent launch or None)
+# -> (plan, the forward kernel's KernelLaunch, combine, the merge's dependent launch or None)
 _PLANS: dict[tuple, tuple] = BoundedCache()
-# (device, merge kernel name, part rows) -> its _pdl.DependentLaunch
-_DEPENDENT: dict[tuple, _pdl.DependentLaunch] = BoundedCache()
+# (device, merge kernel name, part rows) -> its dependent _driver_launch.KernelLaunch
+_DEPENDENT: dict[tuple, _driver_launch.KernelLaunch] = BoundedCache()
 
 _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
 
@@ -83,19 +84,19 @@ class Launch:
     (shapes, element strides, dtype, causal, scale, mask and lse presence) needs, so that a
     repeated call only supplies pointers (:meth:`fire`). Built by :func:`prepare`."""
 
-    __slots__ = ("plan", "kernel", "combine", "args", "combine_args", "work", "part_rows",
+    __slots__ = ("plan", "kernel", "combine", "values", "combine_args", "work", "part_rows",
                  "dv", "strides_aligned", "dependent", "combine_bytes")
 
-    def __init__(self, plan, kernel, combine, args: dict, combine_args: np.void, work,
-                 part_rows: int, dv: int, strides_aligned: bool,
-                 dependent: _pdl.DependentLaunch | None = None) -> None:
+    def __init__(self, plan, kernel: _driver_launch.KernelLaunch, combine, args: dict,
+                 combine_args: np.void, work, part_rows: int, dv: int, strides_aligned: bool,
+                 dependent: _driver_launch.KernelLaunch | None = None) -> None:
         self.plan, self.kernel, self.combine = plan, kernel, combine
         # the merge as a programmatic dependent launch (the plan's), or None: an ordinary one
         self.dependent = dependent
         self.combine_bytes = (combine_args.tobytes(),)
-        # vec flag (0 / 1) -> the arguments after the 8 pointers: the AttnArgs record alone,
-        # or its fields as plain parameters (_attn_dispatch.packed_args)
-        self.args = args
+        # vec flag (0 / 1) -> the bytes of the arguments after the 8 pointers: the AttnArgs
+        # record alone, or its fields as plain parameters (_attn_dispatch.packed_args)
+        self.values = {vec: tuple(a.tobytes() for a in values) for vec, values in args.items()}
         self.combine_args = combine_args
         self.work, self.part_rows, self.dv = work, part_rows, dv
         self.strides_aligned = strides_aligned
@@ -105,31 +106,29 @@ class Launch:
         prepared for (the same shapes and strides)."""
         import cupy
 
-        ptrs = q.data.ptr | k.data.ptr | v.data.ptr | out.data.ptr
-        vec = int(self.strides_aligned and ptrs % 16 == 0)
-        null = _NULL
-        lse_arg = null if lse is None else lse
+        pq, pk, pv, po = q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr
+        vec = int(self.strides_aligned and (pq | pk | pv | po) % 16 == 0)
+        plse = 0 if lse is None else lse.data.ptr
         plan = self.plan
         combine = plan.needs_combine
         if combine:
             # one workspace: the unnormalized partial rows, then their (row max, row sum)
             rows = plan.splits * self.part_rows
             work = cupy.empty(rows * (self.dv + 2), self.work)  # freed stream-ordered
-            o_part = np.uint64(work.data.ptr)
-            stat_part = np.uint64(work.data.ptr + rows * self.dv * work.itemsize)
+            o_part = work.data.ptr
+            stat_part = o_part + rows * self.dv * work.itemsize
         else:
-            o_part = stat_part = null
-        self.kernel(plan.grid, (plan.block,),
-                    (q, k, v, out, lse_arg, o_part, stat_part, null if mask is None else mask,
-                     *self.args[vec]), shared_mem=plan.smem)
+            o_part = stat_part = 0
+        stream = cupy.cuda.get_current_stream().ptr
+        self.kernel.fire(stream, (pq, pk, pv, po, plse, o_part, stat_part,
+                                  0 if mask is None else mask.data.ptr), self.values[vec])
         if (combine and self.dependent is not None
                 and cupy.cuda.runtime.getDevice() == self.dependent.device):
-            self.dependent.fire(cupy.cuda.get_current_stream().ptr,
-                                (int(o_part), int(stat_part), out.data.ptr,
-                                 0 if lse is None else lse.data.ptr), self.combine_bytes)
+            self.dependent.fire(stream, (o_part, stat_part, po, plse), self.combine_bytes)
         elif combine:
             self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
-                         (o_part, stat_part, out, lse_arg, self.combine_args))
+                         (np.uint64(o_part), np.uint64(stat_part), out,
+                          _NULL if lse is None else lse, self.combine_args))
 
 
 _NULL = np.uint64(0)
@@ -237,13 +236,19 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
                                          scale_positive=scale_positive)
     combine = kernel_for(plan.combine)
     dependent = None
-    if plan.needs_combine and _pdl.available(props.arch):
+    if plan.needs_combine and _driver_launch.available(props.arch):
         # one per merge kernel and grid (the part rows, B * Hkv * group * Lq), shared by the
         # plans of every Lk: each fire fills its arguments
         key = (dev, plan.combine, bsz * hkv * group * lq)
         dependent = _DEPENDENT.get(key)
         if dependent is None:
-            dependent = _DEPENDENT[key] = _pdl.DependentLaunch(
-                combine, dev, key[2], _attn_dispatch.COMBINE_THREADS, 4,
-                (COMBINE_ARGS.itemsize,))
-    return plan, kernel_for(plan.kernel), combine, dependent
+            dependent = _DEPENDENT[key] = _driver_launch.KernelLaunch(
+                combine, dev, key[2], _attn_dispatch.COMBINE_THREADS,
+                (*(_driver_launch.POINTER,) * 4, COMBINE_ARGS.itemsize), dependent=True)
+    # q, k, v, out, lse, the partial rows and their statistics, mask; then the scalars
+    scalars = ((ATTN_ARGS.itemsize,) if _attn_dispatch.packed_args(plan.kernel)
+               else tuple(ATTN_ARGS.fields[name][0].itemsize for name in ATTN_ARGS.names))
+    kernel = _driver_launch.KernelLaunch(kernel_for(plan.kernel), dev, plan.grid, plan.block,
+                                         (*(_driver_launch.POINTER,) * 8, *scalars),
+                                         shared_mem=plan.smem)
+    return plan, kernel, combine, dependent

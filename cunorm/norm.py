@@ -8,6 +8,7 @@ Data flows one way: array in -> normalize (:mod:`cunorm._array`) -> plan
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -16,10 +17,11 @@ import numpy as np
 from . import _array, _dispatch
 from ._cache import BoundedCache
 from ._device import device_props
+from ._driver_launch import POINTER, KernelLaunch
 from ._kernels import get_kernel, occupancy, set_carveout
 
 # (device, op, dtype, rows, cols, align, residual, forced path)
-#   -> (kernel, grid, block, smem, carveout hint)
+#   -> (kernel, its KernelLaunch, LaunchPlan)
 _PLANS: dict[tuple, tuple] = BoundedCache()
 
 
@@ -338,10 +340,25 @@ def _direct_out(out, k: int, x, ldx: int, residual, params=()):
     return out
 
 
+#: The norm kernels' parameters (CUNORM_NORM_PARAMS of norm.cu): x, y, rows, cols, ldx, ldy,
+#: weight, bias, residual, ldr, h, ldh, mean, rstd, eps (a double)
+_PARAMS = (POINTER, POINTER, 8, 8, 8, 8, POINTER, POINTER, POINTER, 8, POINTER, 8, POINTER,
+           POINTER, 8)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scalars(rows: int, cols: int, ldx: int, ldy: int, ldr: int, eps: float) -> tuple:
+    """The bytes of the by-value arguments in _PARAMS's order (one tuple per layout, so a
+    launch that passes it again copies nothing)."""
+    return (*(np.int64(i).tobytes() for i in (rows, cols, ldx, ldy)), np.int64(ldr).tobytes(),
+            np.int64(cols).tobytes(), np.float64(eps).tobytes())
+
+
 def _launch(call: _Call, x, ldx, y, ldy, w, b, r, ldr, h, mean, rstd, rows, cols) -> None:
-    i64, null = np.int64, np.uint64(0)
+    import cupy
+
     operands = tuple((a.data.ptr, a.itemsize) for a in (x, y, w, b, r, h) if a is not None)
-    align = _array.pack_alignment(operands, (ldx, ldy, ldr, cols))
+    align = _array.pack_alignment(operands, _array.stride_bits((ldx, ldy, ldr, cols)))
     dev = x.data.device_id
     forced = _dispatch.forced_path()
     residual = r is not None
@@ -350,14 +367,11 @@ def _launch(call: _Call, x, ldx, y, ldy, w, b, r, ldr, h, mean, rstd, rows, cols
     if entry is None:
         entry = _PLANS[key] = _make_plan(dev, call.op, call.dtype, rows, cols, align, residual,
                                          forced)
-    kernel, grid, block, smem, carveout = entry
-    set_carveout(kernel, carveout)
-    eps = np.float64(call.eps)  # the kernels' accumulator type
-    args = (x, y, i64(rows), i64(cols), i64(ldx), i64(ldy),
-            null if w is None else w, null if b is None else b,
-            null if r is None else r, i64(ldr), null if h is None else h, i64(cols),
-            null if mean is None else mean, null if rstd is None else rstd, eps)
-    kernel(grid, block, args, shared_mem=smem)
+    kernel, launch, plan = entry
+    set_carveout(kernel, plan.carveout)
+    pointers = tuple(0 if a is None else a.data.ptr for a in (w, b, r, h, mean, rstd))
+    launch.fire(cupy.cuda.get_current_stream().ptr, (x.data.ptr, y.data.ptr, *pointers),
+                _scalars(rows, cols, ldx, ldy, ldr, call.eps))
 
 
 def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,
@@ -374,7 +388,8 @@ def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,
     force = forced if forced in _dispatch.ROW_PATHS else None
     plan = _dispatch.plan_rows(op, dtype, dtype, rows, cols, align, props, occ, force,
                                residual=residual)
-    return kernel_for(plan.kernel), (plan.grid,), (plan.block,), plan.smem, plan.carveout
+    kernel = kernel_for(plan.kernel)
+    return kernel, KernelLaunch(kernel, dev, plan.grid, plan.block, _PARAMS, plan.smem), plan
 
 
 # --- NumPy reference --------------------------------------------------------------------

@@ -11,10 +11,11 @@ import numpy as np
 from . import _array, _dispatch
 from ._cache import BoundedCache
 from ._device import device_props
+from ._driver_launch import POINTER, KernelLaunch
 from ._kernels import get_kernel, occupancy
 
 # (device, log, src, dst, outer, dim, inner, align, forced path)
-#   -> (LaunchPlan, kernel, grid tuple, block tuple)
+#   -> (LaunchPlan, kernel, its KernelLaunch)
 _PLANS: dict[tuple, tuple] = BoundedCache()
 
 
@@ -101,18 +102,23 @@ _RECIPES: dict[tuple, _Recipe] = BoundedCache()
 
 
 class _Recipe:
-    """What a (layout, op) pair needs at launch: dtypes, views and the constant kernel args."""
+    """What a (layout, op) pair needs at launch: dtypes, views, the bytes of the kernel's
+    integer arguments, and the plans it met (by device, pack alignment and forced path)."""
 
-    __slots__ = ("src", "dst", "dst_dt", "vx", "vy", "int_args", "log")
+    __slots__ = ("src", "dst", "dst_dt", "vx", "vy", "values", "stride_bits", "plans", "log")
 
     def __init__(self, src, dst, dst_dt, vx, vy, log):
         self.src, self.dst, self.dst_dt, self.vx, self.vy, self.log = src, dst, dst_dt, vx, vy, log
-        i64 = np.int64
         if vx.inner > 1:
-            self.int_args = (i64(vx.outer), i64(vx.dim), i64(vx.inner), i64(vx.ld_outer),
-                             i64(vx.ld_dim), i64(vy.ld_outer), i64(vy.ld_dim))
+            ints = (vx.outer, vx.dim, vx.inner, vx.ld_outer, vx.ld_dim, vy.ld_outer, vy.ld_dim)
+            strides = (vx.ld_outer, vy.ld_outer, vx.ld_dim, vy.ld_dim)
         else:
-            self.int_args = (i64(vx.outer), i64(vx.dim), i64(vx.ld_outer), i64(vy.ld_outer))
+            ints = (vx.outer, vx.dim, vx.ld_outer, vy.ld_outer)
+            strides = (vx.ld_outer, vy.ld_outer)
+        self.values = tuple(np.int64(i).tobytes() for i in ints)
+        self.stride_bits = _array.stride_bits(strides)
+        # (device, align, forced path) -> _PLANS entry: a few keys a layout, so unbounded
+        self.plans: dict[tuple, tuple] = {}
 
 
 def _softmax_cupy(x, axis, dtype, out, log: bool, fname: str):
@@ -197,23 +203,21 @@ def _softmax_cupy_checked(x, axis, dtype, out, log: bool, fname: str):
 
 
 def _launch(x, y, r: _Recipe) -> None:
-    vx, vy = r.vx, r.vy
+    import cupy
+
     px, py = x.data.ptr, y.data.ptr
-    strides = (vx.ld_outer, vy.ld_outer, vx.ld_dim, vy.ld_dim) if vx.inner > 1 else \
-        (vx.ld_outer, vy.ld_outer)
-    align = _array.pack_alignment(((px, x.itemsize), (py, y.itemsize)), strides)
+    align = _array.pack_alignment(((px, x.itemsize), (py, y.itemsize)), r.stride_bits)
     dev = x.data.device_id
     forced = _dispatch.forced_path()
-    key = (dev, r.log, r.src, r.dst, vx.outer, vx.dim, vx.inner, align, forced)
-    entry = _PLANS.get(key)
+    entry = r.plans.get((dev, align, forced))
     if entry is None:
-        entry = _PLANS[key] = _make_plan(dev, r.log, r.src, r.dst, vx, align, forced)
-    plan, kernel, grid, block = entry
-    if vx.inner > 1:
-        kernel(grid, block, (x, y) + r.int_args + (np.int32(plan.tx_count),),
-               shared_mem=plan.smem)
-    else:
-        kernel(grid, block, (x, y) + r.int_args, shared_mem=plan.smem)
+        vx = r.vx
+        key = (dev, r.log, r.src, r.dst, vx.outer, vx.dim, vx.inner, align, forced)
+        entry = _PLANS.get(key)
+        if entry is None:
+            entry = _PLANS[key] = _make_plan(dev, r.log, r.src, r.dst, vx, align, forced)
+        r.plans[dev, align, forced] = entry
+    entry[2].fire(cupy.cuda.get_current_stream().ptr, (px, py), r.values)
 
 
 def _make_plan(dev: int, log: bool, src: str, dst: str, v: _array.View3, align: int,
@@ -235,7 +239,12 @@ def _make_plan(dev: int, log: bool, src: str, dst: str, v: _array.View3, align: 
     else:
         force = forced if forced in _dispatch.ROW_PATHS else None
         plan = _dispatch.plan_rows(op, src, dst, v.outer, v.dim, align, props, occ, force)
-    return plan, kernel_for(plan.kernel), (plan.grid,), (plan.block,)
+    kernel = kernel_for(plan.kernel)
+    # x, y, then the int64 shape and strides (_Recipe.values); a strided kernel's int tx_count
+    # is the plan's
+    params = ((POINTER, POINTER, *(8,) * 7, np.int32(plan.tx_count).tobytes()) if v.inner > 1
+              else (POINTER, POINTER, *(8,) * 4))
+    return plan, kernel, KernelLaunch(kernel, dev, plan.grid, plan.block, params, plan.smem)
 
 
 # --- NumPy reference --------------------------------------------------------------------

@@ -437,32 +437,33 @@ def test_argument_structs_match_the_kernel_source(struct: str, name: str) -> Non
 
 
 def test_dependent_launch_structs_and_availability(monkeypatch) -> None:
-    """cunorm._pdl's ctypes mirrors of cuda.h's CUlaunchAttribute and CUlaunchConfig have the C
-    layout (64-bit host), and dependent launches are used from sm_90 on, where the driver
-    library has cuLaunchKernelEx."""
+    """cunorm._driver_launch's ctypes mirrors of cuda.h's CUlaunchAttribute and
+    CUlaunchConfig have the C layout (64-bit host), and dependent launches are used from sm_90
+    on, where the driver library has cuLaunchKernelEx."""
     import ctypes
 
-    from cunorm import _pdl
+    from cunorm import _driver_launch as _dl
 
-    assert ctypes.sizeof(_pdl.LaunchAttribute) == 72 and _pdl.LaunchAttribute.value.offset == 8
-    offsets = {f[0]: getattr(_pdl.LaunchConfig, f[0]).offset for f in _pdl.LaunchConfig._fields_}
+    assert ctypes.sizeof(_dl.LaunchAttribute) == 72 and _dl.LaunchAttribute.value.offset == 8
+    offsets = {f[0]: getattr(_dl.LaunchConfig, f[0]).offset for f in _dl.LaunchConfig._fields_}
     assert offsets == {"grid": 0, "block": 12, "shared_mem": 24, "stream": 32, "attrs": 40,
                        "num_attrs": 48}
-    assert ctypes.sizeof(_pdl.LaunchConfig) == 56
-    monkeypatch.setattr(_pdl, "_driver", lambda: object())
-    assert _pdl.available(90) and not _pdl.available(80)
-    monkeypatch.setattr(_pdl, "_driver", lambda: None)  # no libcuda, or one before CUDA 12
-    assert not _pdl.available(90)
+    assert ctypes.sizeof(_dl.LaunchConfig) == 56
+    monkeypatch.setattr(_dl, "_driver", lambda: object())
+    assert _dl.available(90) and not _dl.available(80)
+    monkeypatch.setattr(_dl, "_driver", lambda: None)  # no libcuda, or one before CUDA 12
+    assert not _dl.available(90)
 
 
 def test_dependent_launch_passes_its_arguments(monkeypatch) -> None:
-    """DependentLaunch.fire hands cuLaunchKernelEx the grid, block, stream, the attribute and
-    a parameter array whose entries point at each call's pointers and struct bytes (a stand-in
-    driver reads them back as the real one would)."""
+    """A dependent KernelLaunch's fire hands cuLaunchKernelEx the grid, block, stream, the
+    attribute and a parameter array whose entries point at each call's pointers and struct
+    bytes (a stand-in driver reads them back as the real one would)."""
     import ctypes
     import types
 
-    from cunorm import _attn_launch, _pdl
+    from cunorm import _attn_launch
+    from cunorm import _driver_launch as _dl
 
     seen = []
 
@@ -475,17 +476,54 @@ def test_dependent_launch_passes_its_arguments(monkeypatch) -> None:
                      attr.value.flag, function.value, ptrs, struct, extra))
         return 0
 
-    monkeypatch.setattr(_pdl, "_driver", lambda: types.SimpleNamespace(cuLaunchKernelEx=launch))
+    monkeypatch.setattr(_dl, "_driver", lambda: types.SimpleNamespace(cuLaunchKernelEx=launch))
     kernel = types.SimpleNamespace(name="k", kernel=types.SimpleNamespace(ptr=0xABC))
-    dep = _pdl.DependentLaunch(kernel, 0, 32, 256, 2, (_attn_launch.COMBINE_ARGS.itemsize,))
+    dep = _dl.KernelLaunch(kernel, 0, 32, 256,
+                           (_dl.POINTER, _dl.POINTER, _attn_launch.COMBINE_ARGS.itemsize),
+                           dependent=True)
     structs = {n: (_attn_launch._record(_attn_launch.COMBINE_ARGS, part_rows=32, splits=n,
                                         dv=128).tobytes(),) for n in (3, 7)}
     for n in (3, 3, 7, 3):  # the same tuple again, another, the first again
         dep.fire(0x77, (0x1000 * n, 0x2000 * n), structs[n])
         assert seen[-1] == ((32, 1, 1), (256, 1, 1), 0x77, 1,
-                            _pdl.PROGRAMMATIC_STREAM_SERIALIZATION, 1, 0xABC,
+                            _dl.PROGRAMMATIC_STREAM_SERIALIZATION, 1, 0xABC,
                             [0x1000 * n, 0x2000 * n], structs[n][0], None)
 
+
+
+def test_kernel_launch_passes_its_arguments(monkeypatch) -> None:
+    """An ordinary KernelLaunch hands cuLaunchKernel (CuPy's binding) its grid, block, shared
+    memory, stream and a parameter array in the layout's order: pointers and by-value
+    arguments interleaved (the norm kernels' layout), bound bytes kept, each call's values
+    copied in (and read back as the driver would)."""
+    import ctypes
+    import types
+
+    import numpy as np
+
+    from cunorm import _driver_launch as _dl
+
+    seen = []
+
+    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        entries = (ctypes.c_void_p * 5).from_address(params)
+        words = [ctypes.c_uint64.from_address(entries[i]).value for i in (0, 1, 3)]
+        seen.append((f, (gx, gy, gz), (bx, by, bz), smem, stream, words,
+                     ctypes.string_at(entries[2], 4), ctypes.string_at(entries[4], 8), extra))
+
+    monkeypatch.setattr(_dl, "_cupy_driver", lambda: types.SimpleNamespace(
+        launchKernel=launch_kernel))
+    kernel = types.SimpleNamespace(name="k", kernel=types.SimpleNamespace(ptr=0xDEF))
+    bound = np.int32(-7).tobytes()
+    launch = _dl.KernelLaunch(kernel, 0, (6, 2), 128, (_dl.POINTER, _dl.POINTER, bound, 8, 8),
+                              shared_mem=4096)
+    values = {n: (np.int64(n).tobytes(), np.float64(n / 4).tobytes()) for n in (3, 9)}
+    for n in (3, 3, 9, 3):  # the same tuple again, another, the first again
+        launch.fire(0x55, (0x100 * n, 0x200 * n), values[n])
+        assert seen[-1] == (0xDEF, (6, 2, 1), (128, 1, 1), 4096, 0x55,
+                            [0x100 * n, 0x200 * n, n], bound, values[n][1], 0)
+    with pytest.raises(ValueError):
+        launch.fire(0x55, (1, 2), values[3][:1])  # a value missing
 
 def test_packed_arguments_by_kernel() -> None:
     """attn_tc and attn_simt take the AttnArgs struct; attn_wg and attn_ws plain parameters."""

@@ -128,7 +128,8 @@ def test_split_merge_launch_forms(dependent, monkeypatch):
     sm_90: resident while the kernel runs, waiting in griddep_wait for its partial rows) and as
     an ordinary launch after it. Fresh inputs every call: a merge that read before the partial
     rows were complete would meet the previous call's."""
-    from cunorm import _attn_launch, _pdl
+    from cunorm import _attn_launch
+    from cunorm import _driver_launch
     from cunorm._device import device_props
 
     monkeypatch.setattr(_attn_launch, "DEPENDENT_COMBINE", dependent)
@@ -139,7 +140,7 @@ def test_split_merge_launch_forms(dependent, monkeypatch):
         launch = _attn_launch.prepare(q, kv, kv, cupy.empty_like(q), causal=False, scale=1.0)
     assert launch.plan.splits == 43
     arch = device_props(q.data.device_id).arch
-    assert (launch.dependent is not None) == (dependent and _pdl.available(arch))
+    assert (launch.dependent is not None) == (dependent and _driver_launch.available(arch))
     rng = np.random.default_rng(5)
     for _ in range(3):
         out, lse, ref, ref_lse = run(dtype, 1, 32, 8, 1, 20000, 128, 128, split=43, rng=rng)

@@ -38,9 +38,8 @@ def _planned(op: str):
     entry = next(iter(sys.modules["cunorm.softmax" if softmax else "cunorm.norm"]
                       ._PLANS.values()))
     kern = next(e for e in entry if isinstance(e, cupy.RawKernel))
-    if softmax:  # (plan, kernel, grid, block)
-        return kern, entry[3][0], entry[0].smem
-    return kern, entry[2][0], entry[3]  # (kernel, grid, block, smem, carveout)
+    plan = next(e for e in entry if isinstance(e, _dispatch.LaunchPlan))
+    return kern, plan.block, plan.smem
 
 
 def _call_case(op: str, dt: str, rows: int, cols: int):
