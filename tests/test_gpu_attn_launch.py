@@ -128,8 +128,7 @@ def test_split_merge_launch_forms(dependent, monkeypatch):
     sm_90: resident while the kernel runs, waiting in griddep_wait for its partial rows) and as
     an ordinary launch after it. Fresh inputs every call: a merge that read before the partial
     rows were complete would meet the previous call's."""
-    from cunorm import _attn_launch
-    from cunorm import _driver_launch
+    from cunorm import _attn_launch, _driver_launch
     from cunorm._device import device_props
 
     monkeypatch.setattr(_attn_launch, "DEPENDENT_COMBINE", dependent)
