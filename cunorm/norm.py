@@ -168,6 +168,14 @@ def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
         res = _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual)
         if res is not None:
             return res
+    torch_key = None
+    if kind == "torch" and out is None and all(
+            a is None or type(a).__module__.startswith("torch") for a in (weight, bias, residual)):
+        torch_key = _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual,
+                                _torch_layout)
+        res = _norm_torch_memo(torch_key, x, weight, bias, residual)
+        if res is not None:
+            return res
     named = (("weight", weight), ("bias", bias), ("residual", residual), ("out", out))
     if kind in ("numpy", "cupy"):
         call = _validate(op, kind, x, weight, bias, axis, eps, out, return_stats, residual)
@@ -192,6 +200,11 @@ def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
                 for name, arr in named}
         res = _norm_family(op, xc, conv["weight"], conv["bias"], axis, eps, conv["out"],
                            return_stats, conv["residual"])
+        if torch_key is not None:
+            recipe = _RECIPES.get(_recipe_key(op, xc, conv["weight"], conv["bias"], axis, eps,
+                                              return_stats, conv["residual"]))
+            if recipe is not None:  # the views went straight to a kernel: memoize the tensors
+                _TORCH_RECIPES[torch_key] = recipe
         parts = list(res) if isinstance(res, tuple) else [res]
         wrapped = [out if (i == 0 and out is not None) else _array.from_cupy(p, kind)
                    for i, p in enumerate(parts)]
@@ -208,15 +221,57 @@ def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
 _RECIPES: dict[tuple, tuple] = BoundedCache()
 
 
+# The same for CUDA torch tensors: the key holds each tensor's shape, element strides, dtype
+# and device; the recipe is their CuPy views'. A hit builds no CuPy view and no DLPack capsule;
+# torch allocates the results.
+_TORCH_RECIPES: dict[tuple, tuple] = BoundedCache()
+
+
 def _layout(a) -> tuple | None:
     return None if a is None else (a.shape, a.strides, a.dtype, type(a))
 
 
-def _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual) -> tuple | None:
+def _torch_layout(a) -> tuple | None:
+    return None if a is None else (a.shape, a.stride(), a.dtype, a.get_device())
+
+
+def _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual,
+                layout=_layout) -> tuple | None:
     if type(axis) is not int or type(eps) is not float or type(return_stats) is not bool:
         return None
-    return (op, x.shape, x.strides, x.dtype, axis, eps, return_stats, _layout(weight),
-            _layout(bias), _layout(residual))
+    return (op, layout(x), axis, eps, return_stats, layout(weight), layout(bias),
+            layout(residual))
+
+
+def _norm_torch_memo(key, x, weight, bias, residual):
+    """The results for CUDA tensors whose layouts a call has met before, launched on their
+    pointers into tensors torch allocates; None on a miss (or a tensor that requires grad, or
+    another current device: the full path then raises or switches)."""
+    recipe = None if key is None else _TORCH_RECIPES.get(key)
+    if recipe is None:
+        return None
+    operands = (x, weight, bias, residual)
+    if any(a is not None and a.requires_grad for a in operands):
+        return None
+    dev = key[1][3]
+    stream = _array.torch_launch_stream(dev)
+    if stream is None:
+        return None
+    import torch
+
+    call, ldx, ldr, rows, cols = recipe
+    y = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    h = None if residual is None else torch.empty(x.shape, dtype=x.dtype, device=dev)
+    stats_dt = torch.float64 if call.stats_dtype == "float64" else torch.float32
+    stats = call.return_stats
+    mean = torch.empty(rows, dtype=stats_dt, device=dev) if stats and not call.rms else None
+    rstd = torch.empty(rows, dtype=stats_dt, device=dev) if stats else None
+    pointers = tuple(0 if a is None else a.data_ptr()
+                     for a in (x, y, weight, bias, residual, h, mean, rstd))
+    _launch(call, dev, stream, pointers, ldx, cols, ldr, rows, cols)
+    shape = call.stats_shape
+    return _results(call, y, h, None if mean is None else mean.reshape(shape),
+                    None if rstd is None else rstd.reshape(shape))
 
 
 def _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual):
@@ -237,7 +292,8 @@ def _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual):
     stats_dt = np.dtype(call.stats_dtype)
     mean = cupy.empty(rows, stats_dt) if return_stats and not call.rms else None
     rstd = cupy.empty(rows, stats_dt) if return_stats else None
-    _launch(call, x, ldx, y, cols, weight, bias, residual, ldr, h, mean, rstd, rows, cols)
+    _launch(call, dev, cupy.cuda.get_current_stream().ptr,
+            _pointers(x, y, weight, bias, residual, h, mean, rstd), ldx, cols, ldr, rows, cols)
     shape = call.stats_shape
     return _results(call, y, h, None if mean is None else mean.reshape(shape),
                     None if rstd is None else rstd.reshape(shape))
@@ -280,7 +336,8 @@ def _norm_cupy(call: _Call, x, weight, bias, out, residual, memo_key=None):
     w = None if weight is None else cupy.ascontiguousarray(weight).reshape(cols)
     b = None if bias is None else cupy.ascontiguousarray(bias).reshape(cols)
 
-    _launch(call, xs, ldx, y, ldy, w, b, rs, ldr, h, mean, rstd, rows, cols)
+    _launch(call, x.data.device_id, cupy.cuda.get_current_stream().ptr,
+            _pointers(xs, y, w, b, rs, h, mean, rstd), ldx, ldy, ldr, rows, cols)
     if (memo_key is not None and trailing and xs is x and (rs is None or rs is residual)
             and (w is None or w.data.ptr == weight.data.ptr)
             and (b is None or b.data.ptr == bias.data.ptr)):
@@ -354,14 +411,20 @@ def _scalars(rows: int, cols: int, ldx: int, ldy: int, ldr: int, eps: float) -> 
             np.int64(cols).tobytes(), np.float64(eps).tobytes())
 
 
-def _launch(call: _Call, x, ldx, y, ldy, w, b, r, ldr, h, mean, rstd, rows, cols) -> None:
-    import cupy
+def _pointers(*arrays) -> tuple[int, ...]:
+    """Device addresses of CuPy arrays, 0 for None."""
+    return tuple(0 if a is None else a.data.ptr for a in arrays)
 
-    operands = tuple((a.data.ptr, a.itemsize) for a in (x, y, w, b, r, h) if a is not None)
+
+def _launch(call: _Call, dev: int, stream: int, pointers: tuple[int, ...], ldx: int, ldy: int,
+            ldr: int, rows: int, cols: int) -> None:
+    """Launch on device ``dev`` (current) and stream handle ``stream``; ``pointers`` are the
+    addresses of x, y, weight, bias, residual, h, mean and rstd (0: absent)."""
+    itemsize = _dispatch.ITEMSIZE[call.dtype]
+    operands = tuple((p, itemsize) for p in pointers[:6] if p)
     align = _array.pack_alignment(operands, _array.stride_bits((ldx, ldy, ldr, cols)))
-    dev = x.data.device_id
     forced = _dispatch.forced_path()
-    residual = r is not None
+    residual = pointers[4] != 0
     key = (dev, call.op, call.dtype, rows, cols, align, residual, forced)
     entry = _PLANS.get(key)
     if entry is None:
@@ -369,9 +432,7 @@ def _launch(call: _Call, x, ldx, y, ldy, w, b, r, ldr, h, mean, rstd, rows, cols
                                          forced)
     kernel, launch, plan = entry
     set_carveout(kernel, plan.carveout)
-    pointers = tuple(0 if a is None else a.data.ptr for a in (w, b, r, h, mean, rstd))
-    launch.fire(cupy.cuda.get_current_stream().ptr, (x.data.ptr, y.data.ptr, *pointers),
-                _scalars(rows, cols, ldx, ldy, ldr, call.eps))
+    launch.fire(stream, pointers, _scalars(rows, cols, ldx, ldy, ldr, call.eps))
 
 
 def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,

@@ -1103,6 +1103,60 @@ def test_torch_stream():
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_torch_memo(op, monkeypatch):
+    """A repeated call on CUDA tensors of one set of layouts takes the tensor memo: no CuPy
+    view, results torch allocates (statistics included), the launch on torch's current
+    stream, the full path's bits; with and without weight, bias, residual and statistics.
+    Operands that require grad or live on the CPU still take the full path and raise."""
+    from cunorm import _driver_launch
+
+    torch = _torch_cuda()
+    streams = []
+    real_fire = _driver_launch.KernelLaunch.fire
+
+    def spy(self, stream, pointers, values=()):
+        streams.append(stream)
+        return real_fire(self, stream, pointers, values)
+
+    monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
+    s = torch.cuda.Stream()
+    t = torch.randn(48, 1000, device="cuda", dtype=torch.float16) + 3
+    w = torch.rand(1000, device="cuda", dtype=torch.float16) + 0.5
+    b = None if op == "rms_norm" else torch.randn(1000, device="cuda", dtype=torch.float16)
+    r = torch.randn(48, 1000, device="cuda", dtype=torch.float16)
+    variants = {"plain": {}, "weighted": {"weight": w, "bias": b},
+                "residual and stats": {"weight": w, "bias": b, "residual": r,
+                                       "return_stats": True},
+                "strided rows": {"x": t[::2], "return_stats": True}}
+    for name, kwargs in variants.items():
+        kwargs = dict(kwargs)
+        x = kwargs.pop("x", t)
+        monkeypatch.setattr(norm_module, "_TORCH_RECIPES", {})
+        first = call(op, x, kwargs.pop("weight", None), kwargs.pop("bias", None), **kwargs)
+        assert len(norm_module._TORCH_RECIPES) == 1, name
+        args = variants[name]
+        s.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
+        with monkeypatch.context() as m, torch.cuda.stream(s):
+            m.setattr(cunorm._array, "to_cupy", None)  # a CuPy view would fail the call
+            streams.clear()
+            again = call(op, x, args.get("weight"), args.get("bias"), **kwargs)
+        s.synchronize()
+        assert streams == [s.cuda_stream], name
+        first = first if isinstance(first, tuple) else (first,)
+        again = again if isinstance(again, tuple) else (again,)
+        assert len(again) == len(first), name
+        for a, f in zip(again, first, strict=True):
+            assert a.shape == f.shape and a.dtype == f.dtype, name
+            torch.testing.assert_close(a, f, atol=0, rtol=0)
+    call(op, t, w, b)  # memoizes (t, w, b)'s layouts, which a leaf copy of w shares
+    leaf = w.detach().clone().requires_grad_()
+    with pytest.raises((RuntimeError, BufferError), match="grad"):
+        call(op, t, leaf, b)
+    with pytest.raises(TypeError, match="CPU torch.Tensor"):
+        call(op, t.cpu(), None)
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_jax_round_trip(op, dtype, monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with CuPy

@@ -582,6 +582,7 @@ def test_torch_stream_wrapped_without_deprecation(monkeypatch):
 
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(cunorm._array, "_EXTERNAL_STREAMS", {})
+    monkeypatch.setattr(softmax_module, "_TORCH_RECIPES", {})  # the first call of its layout
     s = torch.cuda.Stream()
     seen = []
     real = cunorm._array.framework_stream
@@ -599,6 +600,52 @@ def test_torch_stream_wrapped_without_deprecation(monkeypatch):
     s.synchronize()
     assert seen == [s.cuda_stream]
     torch.testing.assert_close(y, torch.softmax(t, -1), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_torch_memo(op, monkeypatch):
+    """A repeated call on a CUDA tensor's layout takes the tensor memo: no CuPy view, a result
+    torch allocates, the launch on torch's current stream, the full path's bits. Row and
+    strided layouts; a tensor that requires grad and a CPU tensor of a memoized layout still
+    take the full path and raise."""
+    from cunorm import _driver_launch
+
+    torch = pytest.importorskip("torch")
+    fn, ref_fn = getattr(cunorm, op), getattr(torch, op)
+    cases = {"rows": (lambda t: t, (96, 300), -1), "strided rows": (lambda t: t[::2], (96, 300), 1),
+             "axis 0": (lambda t: t, (300, 24), 0), "NCHW axis 1": (lambda t: t, (2, 5, 4, 6), 1)}
+    streams = []
+    real_fire = _driver_launch.KernelLaunch.fire
+
+    def spy(self, stream, pointers, values=()):
+        streams.append(stream)
+        return real_fire(self, stream, pointers, values)
+
+    monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
+    s = torch.cuda.Stream()
+    for name, (layout, shape, axis) in cases.items():
+        monkeypatch.setattr(softmax_module, "_TORCH_RECIPES", {})
+        t = layout(torch.randn(*shape, device="cuda") * 4)
+        first = fn(t, axis=axis)  # full path: registers the layout
+        assert len(softmax_module._TORCH_RECIPES) == 1, name
+        s.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
+        with monkeypatch.context() as m, torch.cuda.stream(s):
+            m.setattr(cunorm._array, "to_cupy", None)  # a CuPy view would fail the call
+            streams.clear()
+            again = fn(t, axis=axis)
+            fresh = layout(torch.randn(*shape, device="cuda") * 4)
+            y = fn(fresh, axis=axis)
+            ref = ref_fn(fresh.double(), axis)
+        s.synchronize()
+        assert streams == [s.cuda_stream] * 2, name
+        assert again.is_contiguous() and again.dtype == t.dtype, name
+        torch.testing.assert_close(again, first, atol=0, rtol=0)
+        torch.testing.assert_close(y.double(), ref, atol=1e-6, rtol=1e-5)
+    leaf = t.detach().clone().requires_grad_()
+    with pytest.raises((RuntimeError, BufferError), match="grad"):
+        fn(leaf, axis=axis)
+    with pytest.raises(TypeError, match="CPU torch.Tensor"):
+        fn(t.cpu(), axis=axis)
 
 
 def test_torch_views_match_dlpack():
