@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import ml_dtypes
 import numpy as np
 import pytest
+from _fakes import TorchTensorStub
 
 import cunorm
 from cunorm import _array
@@ -278,23 +279,11 @@ def test_good_call_after_errors_still_works(fname: str) -> None:
     np.testing.assert_allclose(y, expected, rtol=1e-15)
 
 
-class _FakeTorchTensor:
-    """Enough of a torch.Tensor for cunorm to classify it (no torch needed)."""
-
-    __module__ = "torch"
-
-    def __init__(self, is_cuda: bool) -> None:
-        self.is_cuda = is_cuda
-
-    def __dlpack__(self, stream=None):  # pragma: no cover - never reached
-        raise AssertionError("must be refused before any DLPack exchange")
-
-
 @pytest.mark.parametrize("fname", list(FUNCS))
 def test_torch_tensor_refused_with_reason(fname: str, monkeypatch) -> None:
     """A CPU tensor names the NumPy route; a CUDA tensor without CuPy names the install."""
     with pytest.raises(TypeError, match=rf"{fname}\(\): x is a CPU torch.Tensor"):
-        FUNCS[fname](_FakeTorchTensor(is_cuda=False))
+        FUNCS[fname](TorchTensorStub(is_cuda=False))
     monkeypatch.setattr(_array, "_cupy", lambda: None)
     with pytest.raises(RuntimeError, match=rf"{fname}\(\): .*CuPy is not installed"):
-        FUNCS[fname](_FakeTorchTensor(is_cuda=True))
+        FUNCS[fname](TorchTensorStub(is_cuda=True))

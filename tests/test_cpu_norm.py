@@ -16,6 +16,7 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 import pytest
+from _fakes import TorchTensorStub
 
 import cunorm
 
@@ -776,27 +777,15 @@ def test_every_failed_call_leaves_out_and_inputs_untouched(op: str) -> None:
     assert np.array_equal(h, X + r)
 
 
-class _FakeTorchTensor:
-    """Enough of a torch.Tensor for cunorm to classify it (no torch needed)."""
-
-    __module__ = "torch"
-
-    def __init__(self, is_cuda: bool) -> None:
-        self.is_cuda = is_cuda
-
-    def __dlpack__(self, stream=None):  # pragma: no cover - never reached
-        raise AssertionError("must be refused before any DLPack exchange")
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_cpu_torch_tensor_refused_with_reason(op: str, monkeypatch) -> None:
     with pytest.raises(TypeError, match=rf"{op}\(\): x is a CPU torch.Tensor"):
-        call(op, _FakeTorchTensor(is_cuda=False))
+        call(op, TorchTensorStub(is_cuda=False))
     # a NumPy weight with a torch x: refused before any GPU work
     with pytest.raises(TypeError, match=rf"{op}\(\): weight is a numpy array but x is a torch"):
-        call(op, _FakeTorchTensor(is_cuda=True), np.ones(3, np.float32))
+        call(op, TorchTensorStub(is_cuda=True), np.ones(3, np.float32))
     from cunorm import _array
 
     monkeypatch.setattr(_array, "_cupy", lambda: None)
     with pytest.raises(RuntimeError, match=rf"{op}\(\): .*CuPy is not installed"):
-        call(op, _FakeTorchTensor(is_cuda=True))
+        call(op, TorchTensorStub(is_cuda=True))

@@ -648,6 +648,30 @@ def test_torch_memo(op, monkeypatch):
         fn(t.cpu(), axis=axis)
 
 
+def test_memoized_layout_plans_again_under_override_constants(monkeypatch):
+    """A memoized layout's recipe keeps the plans its calls met; override_constants empties
+    the memo with the plan cache, so a call inside plans under the new constants, and one
+    after under the restored ones."""
+    from cunorm import _driver_launch
+
+    launched = []
+    real_fire = _driver_launch.KernelLaunch.fire
+
+    def spy(self, stream, pointers, values=()):
+        launched.append((self._name, self._dims))
+        return real_fire(self, stream, pointers, values)
+
+    monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
+    x = cupy.asarray(_rng(3).standard_normal((4096, 1024), dtype=np.float32), np.float16)
+    ref = cunorm.softmax(x)
+    cunorm.softmax(x)  # through the memo
+    with _dispatch.override_constants({"MAX_GRID": 16}):  # a grid of 16 blocks
+        inside = cunorm.softmax(x)
+    cunorm.softmax(x)
+    assert launched[0] == launched[1] == launched[3] != launched[2], launched
+    assert cupy.array_equal(inside, ref) or float(abs(inside - ref).max()) <= 1e-3
+
+
 def test_torch_views_match_dlpack():
     """The pointer-built CuPy view of a torch tensor (cunorm._array._torch_view) is the view
     DLPack gives, for every dtype it covers and for strided, broadcast and offset tensors;
