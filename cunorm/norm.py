@@ -239,7 +239,7 @@ def _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual,
                 layout=_layout) -> tuple | None:
     if type(axis) is not int or type(eps) is not float or type(return_stats) is not bool:
         return None
-    return (op, layout(x), axis, eps, return_stats, layout(weight), layout(bias),
+    return (op, *layout(x), axis, eps, return_stats, layout(weight), layout(bias),
             layout(residual))
 
 
@@ -253,7 +253,7 @@ def _norm_torch_memo(key, x, weight, bias, residual):
     operands = (x, weight, bias, residual)
     if any(a is not None and a.requires_grad for a in operands):
         return None
-    dev = key[1][3]
+    dev = key[4]  # (op, x's shape, strides, dtype, device, ...)
     stream = _array.torch_launch_stream(dev)
     if stream is None:
         return None

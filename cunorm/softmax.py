@@ -130,7 +130,7 @@ def _frame_dtype(dtype, fname: str):
 _RECIPES: dict[tuple, _Recipe] = BoundedCache()
 # The same for CUDA torch tensors: (shape, element strides, torch dtype, device index, axis,
 # log) -> the _Recipe of their CuPy view. A hit builds no CuPy view and no DLPack capsule
-# (62 -> 17 us of host time for an (8, 128) float32 softmax on an H200 host).
+# (52.5 -> 13.8 us of host time for an (8, 128) float32 softmax on an H200 host).
 _TORCH_RECIPES: dict[tuple, _Recipe] = BoundedCache()
 
 
