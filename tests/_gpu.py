@@ -21,3 +21,19 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
 #: DESIGN section 3: relative max-norm error per row against float64
 TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
+
+
+def spy_launches(monkeypatch) -> list[tuple[str, tuple, int]]:
+    """Record every prepared kernel launch (``cunorm._driver_launch.KernelLaunch.fire``) as
+    (kernel name, grid, block and shared memory, stream handle) and let it run."""
+    from cunorm import _driver_launch
+
+    launched = []
+    fire = _driver_launch.KernelLaunch.fire
+
+    def spy(self, stream, pointers, values=()):
+        launched.append((self._name, self._dims, stream))
+        return fire(self, stream, pointers, values)
+
+    monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
+    return launched

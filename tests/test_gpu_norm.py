@@ -15,7 +15,7 @@ import importlib
 import ml_dtypes
 import numpy as np
 import pytest
-from _gpu import BF16, DTYPES, GPU_MARKS, TOL, cupy  # the shared GPU preamble
+from _gpu import BF16, DTYPES, GPU_MARKS, TOL, cupy, spy_launches  # shared GPU preamble
 
 import cunorm
 from cunorm import _dispatch
@@ -1108,17 +1108,8 @@ def test_torch_memo(op, monkeypatch):
     view, results torch allocates (statistics included), the launch on torch's current
     stream, the full path's bits; with and without weight, bias, residual and statistics.
     Operands that require grad or live on the CPU still take the full path and raise."""
-    from cunorm import _driver_launch
-
     torch = _torch_cuda()
-    streams = []
-    real_fire = _driver_launch.KernelLaunch.fire
-
-    def spy(self, stream, pointers, values=()):
-        streams.append(stream)
-        return real_fire(self, stream, pointers, values)
-
-    monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
+    launched = spy_launches(monkeypatch)
     s = torch.cuda.Stream()
     t = torch.randn(48, 1000, device="cuda", dtype=torch.float16) + 3
     w = torch.rand(1000, device="cuda", dtype=torch.float16) + 0.5
@@ -1138,10 +1129,10 @@ def test_torch_memo(op, monkeypatch):
         s.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
         with monkeypatch.context() as m, torch.cuda.stream(s):
             m.setattr(cunorm._array, "to_cupy", None)  # a CuPy view would fail the call
-            streams.clear()
+            launched.clear()
             again = call(op, x, args.get("weight"), args.get("bias"), **kwargs)
         s.synchronize()
-        assert streams == [s.cuda_stream], name
+        assert [stream for *_, stream in launched] == [s.cuda_stream], name
         first = first if isinstance(first, tuple) else (first,)
         again = again if isinstance(again, tuple) else (again,)
         assert len(again) == len(first), name

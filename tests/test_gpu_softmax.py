@@ -9,7 +9,7 @@ import importlib
 
 import numpy as np
 import pytest
-from _gpu import BF16, DTYPES, GPU_MARKS, TOL, cupy  # the shared GPU preamble
+from _gpu import BF16, DTYPES, GPU_MARKS, TOL, cupy, spy_launches  # shared GPU preamble
 
 import cunorm
 from cunorm import _dispatch
@@ -608,20 +608,11 @@ def test_torch_memo(op, monkeypatch):
     torch allocates, the launch on torch's current stream, the full path's bits. Row and
     strided layouts; a tensor that requires grad and a CPU tensor of a memoized layout still
     take the full path and raise."""
-    from cunorm import _driver_launch
-
     torch = pytest.importorskip("torch")
     fn, ref_fn = getattr(cunorm, op), getattr(torch, op)
     cases = {"rows": (lambda t: t, (96, 300), -1), "strided rows": (lambda t: t[::2], (96, 300), 1),
              "axis 0": (lambda t: t, (300, 24), 0), "NCHW axis 1": (lambda t: t, (2, 5, 4, 6), 1)}
-    streams = []
-    real_fire = _driver_launch.KernelLaunch.fire
-
-    def spy(self, stream, pointers, values=()):
-        streams.append(stream)
-        return real_fire(self, stream, pointers, values)
-
-    monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
+    launched = spy_launches(monkeypatch)
     s = torch.cuda.Stream()
     for name, (layout, shape, axis) in cases.items():
         monkeypatch.setattr(softmax_module, "_TORCH_RECIPES", {})
@@ -631,13 +622,13 @@ def test_torch_memo(op, monkeypatch):
         s.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
         with monkeypatch.context() as m, torch.cuda.stream(s):
             m.setattr(cunorm._array, "to_cupy", None)  # a CuPy view would fail the call
-            streams.clear()
+            launched.clear()
             again = fn(t, axis=axis)
             fresh = layout(torch.randn(*shape, device="cuda") * 4)
             y = fn(fresh, axis=axis)
             ref = ref_fn(fresh.double(), axis)
         s.synchronize()
-        assert streams == [s.cuda_stream] * 2, name
+        assert [stream for *_, stream in launched] == [s.cuda_stream] * 2, name
         assert again.is_contiguous() and again.dtype == t.dtype, name
         torch.testing.assert_close(again, first, atol=0, rtol=0)
         torch.testing.assert_close(y.double(), ref, atol=1e-6, rtol=1e-5)
@@ -652,16 +643,7 @@ def test_memoized_layout_plans_again_under_override_constants(monkeypatch):
     """A memoized layout's recipe keeps the plans its calls met; override_constants empties
     the memo with the plan cache, so a call inside plans under the new constants, and one
     after under the restored ones."""
-    from cunorm import _driver_launch
-
-    launched = []
-    real_fire = _driver_launch.KernelLaunch.fire
-
-    def spy(self, stream, pointers, values=()):
-        launched.append((self._name, self._dims))
-        return real_fire(self, stream, pointers, values)
-
-    monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
+    launched = spy_launches(monkeypatch)
     x = cupy.asarray(_rng(3).standard_normal((4096, 1024), dtype=np.float32), np.float16)
     ref = cunorm.softmax(x)
     cunorm.softmax(x)  # through the memo
