@@ -305,6 +305,12 @@ def torch_stream_handle(dev: int) -> int:
     return torch.cuda.current_stream(dev).cuda_stream
 
 
+def cuda_index(x) -> int:
+    """The CUDA device index of a torch tensor, -1 for a tensor elsewhere (the CPU, another
+    accelerator type, whose index ``get_device`` gives as well)."""
+    return x.get_device() if x.is_cuda else -1
+
+
 def torch_launch_stream(dev: int) -> int | None:
     """torch's current stream handle on device ``dev`` if ``dev`` is the current CUDA device,
     else None: a prepared launch (:mod:`cunorm._driver_launch`) goes to the current device,

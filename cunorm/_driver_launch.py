@@ -117,7 +117,7 @@ class KernelLaunch:
                  dependent: bool = False) -> None:
         self.device = device
         self._name = kernel.name
-        self._function = kernel.kernel.ptr
+        self._function = _function(kernel, device)
         grid3, block3 = _dim3(grid), _dim3(block)
         self._dims = (*grid3, *block3, shared_mem)
         self._attr = self._config = self._launch = None
@@ -180,6 +180,15 @@ def _dim3(dims) -> tuple[int, int, int]:
     """A grid or block size (an int or up to three ints) as three ints."""
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
     return (*dims, *(1,) * (3 - len(dims)))
+
+
+def _function(kernel, device: int) -> int:
+    """``kernel``'s CUfunction handle on ``device``: CuPy's ``RawKernel.kernel`` answers for the
+    current device, which need not be the one a plan is made for."""
+    from cupy.cuda import Device
+
+    with Device(device):
+        return kernel.kernel.ptr
 
 
 def _cupy_driver():

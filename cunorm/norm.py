@@ -232,7 +232,7 @@ def _layout(a) -> tuple | None:
 
 
 def _torch_layout(a) -> tuple | None:
-    return None if a is None else (a.shape, a.stride(), a.dtype, a.get_device())
+    return None if a is None else (a.shape, a.stride(), a.dtype, _array.cuda_index(a))
 
 
 def _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual,

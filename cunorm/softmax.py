@@ -78,7 +78,7 @@ def _softmax_family(x, axis, dtype, out, log: bool, fname: str):
     # Only a plain int axis takes the memo (True or 1.0 would hash like 1).
     torch_key = None
     if kind == "torch" and out is None and dtype is None and type(axis) is int:
-        torch_key = (x.shape, x.stride(), x.dtype, x.get_device(), axis, log)
+        torch_key = (x.shape, x.stride(), x.dtype, _array.cuda_index(x), axis, log)
         y = _softmax_torch_memo(x, torch_key)
         if y is not None:
             return y

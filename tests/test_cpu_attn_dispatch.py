@@ -477,6 +477,7 @@ def test_dependent_launch_passes_its_arguments(monkeypatch) -> None:
         return 0
 
     monkeypatch.setattr(_dl, "_driver", lambda: types.SimpleNamespace(cuLaunchKernelEx=launch))
+    monkeypatch.setattr(_dl, "_function", lambda kernel, device: kernel.kernel.ptr)
     kernel = types.SimpleNamespace(name="k", kernel=types.SimpleNamespace(ptr=0xABC))
     dep = _dl.KernelLaunch(kernel, 0, 32, 256,
                            (_dl.POINTER, _dl.POINTER, _attn_launch.COMBINE_ARGS.itemsize),
@@ -488,7 +489,6 @@ def test_dependent_launch_passes_its_arguments(monkeypatch) -> None:
         assert seen[-1] == ((32, 1, 1), (256, 1, 1), 0x77, 1,
                             _dl.PROGRAMMATIC_STREAM_SERIALIZATION, 1, 0xABC,
                             [0x1000 * n, 0x2000 * n], structs[n][0], None)
-
 
 
 def test_kernel_launch_passes_its_arguments(monkeypatch) -> None:
@@ -513,6 +513,7 @@ def test_kernel_launch_passes_its_arguments(monkeypatch) -> None:
 
     monkeypatch.setattr(_dl, "_cupy_driver", lambda: types.SimpleNamespace(
         launchKernel=launch_kernel))
+    monkeypatch.setattr(_dl, "_function", lambda kernel, device: kernel.kernel.ptr)
     kernel = types.SimpleNamespace(name="k", kernel=types.SimpleNamespace(ptr=0xDEF))
     bound = np.int32(-7).tobytes()
     launch = _dl.KernelLaunch(kernel, 0, (6, 2), 128, (_dl.POINTER, _dl.POINTER, bound, 8, 8),
@@ -524,6 +525,7 @@ def test_kernel_launch_passes_its_arguments(monkeypatch) -> None:
                             [0x100 * n, 0x200 * n, n], bound, values[n][1], 0)
     with pytest.raises(ValueError):
         launch.fire(0x55, (1, 2), values[3][:1])  # a value missing
+
 
 def test_packed_arguments_by_kernel() -> None:
     """attn_tc and attn_simt take the AttnArgs struct; attn_wg and attn_ws plain parameters."""
