@@ -400,13 +400,11 @@ def override_constants(consts: dict[str, object]) -> Iterator[None]:
 
 
 def _drop_cached_plans() -> None:
-    # The ops' plan caches, in the modules that made them (none yet if nothing ran), and their
-    # call memos: a softmax recipe keeps the plans its calls met.
+    # The ops' plan caches, in the modules that made them (none yet if nothing ran).
     for module in ("cunorm.softmax", "cunorm.norm"):
-        for name in ("_PLANS", "_RECIPES", "_TORCH_RECIPES"):
-            cached = getattr(sys.modules.get(module), name, None)
-            if cached is not None:
-                cached.clear()
+        cached = getattr(sys.modules.get(module), "_PLANS", None)
+        if cached is not None:
+            cached.clear()
 
 
 def forced_path() -> str | None:

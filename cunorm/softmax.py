@@ -93,7 +93,7 @@ def _softmax_family(x, axis, dtype, out, log: bool, fname: str):
         y = _softmax_cupy(xc, axis, dtype if dtype is None else _frame_dtype(dtype, fname),
                           outc, log, fname)
         if torch_key is not None:
-            recipe = _RECIPES.get((xc.shape, xc.strides, xc.dtype, axis, log))
+            recipe = _RECIPES.get(_recipe_key(xc, axis, log))
             if recipe is not None:  # the view went straight to a kernel: memoize the tensor
                 _TORCH_RECIPES[torch_key] = recipe
         return out if out is not None else _array.from_cupy(y, kind)
@@ -134,11 +134,16 @@ _RECIPES: dict[tuple, _Recipe] = BoundedCache()
 _TORCH_RECIPES: dict[tuple, _Recipe] = BoundedCache()
 
 
-class _Recipe:
-    """What a (layout, op) pair needs at launch: dtypes, views, the bytes of the kernel's
-    integer arguments, and the plans it met (by device, pack alignment and forced path)."""
+def _recipe_key(x, axis: int, log: bool) -> tuple:
+    """_RECIPES's key of a CuPy array ``x``."""
+    return (x.shape, x.strides, x.dtype, axis, log)
 
-    __slots__ = ("src", "dst", "dst_dt", "vx", "vy", "values", "stride_bits", "plans", "log",
+
+class _Recipe:
+    """What a (layout, op) pair needs at launch: dtypes, views and the bytes of the kernel's
+    integer arguments."""
+
+    __slots__ = ("src", "dst", "dst_dt", "vx", "vy", "values", "stride_bits", "log",
                  "itemsizes")
 
     def __init__(self, src, dst, dst_dt, vx, vy, log):
@@ -152,14 +157,12 @@ class _Recipe:
             strides = (vx.ld_outer, vy.ld_outer)
         self.values = tuple(np.int64(i).tobytes() for i in ints)
         self.stride_bits = _array.stride_bits(strides)
-        # (device, align, forced path) -> _PLANS entry: a few keys a layout, so unbounded
-        self.plans: dict[tuple, tuple] = {}
 
 
 def _softmax_cupy(x, axis, dtype, out, log: bool, fname: str):
     # Only a plain int axis takes the memo: True or 1.0 would hash like 1 and skip the checks.
     if out is None and dtype is None and type(axis) is int:
-        recipe = _RECIPES.get((x.shape, x.strides, x.dtype, axis, log))
+        recipe = _RECIPES.get(_recipe_key(x, axis, log))
         if recipe is not None:
             import cupy
 
@@ -230,7 +233,7 @@ def _softmax_cupy_checked(x, axis, dtype, out, log: bool, fname: str):
 
     recipe = _Recipe(src, dst, dst_dt, vx, vy, log)
     if out is None and dtype is None and not copied and type(axis) is int:
-        _RECIPES[(x.shape, x.strides, x.dtype, axis, log)] = recipe
+        _RECIPES[_recipe_key(x, axis, log)] = recipe
     _launch(x.data.ptr, y.data.ptr, x.data.device_id, recipe,
             cupy.cuda.get_current_stream().ptr)
     if out is not None and y is not out:
@@ -245,14 +248,11 @@ def _launch(px: int, py: int, dev: int, r: _Recipe, stream: int) -> None:
     src_size, dst_size = r.itemsizes
     align = _array.pack_alignment(((px, src_size), (py, dst_size)), r.stride_bits)
     forced = _dispatch.forced_path()
-    entry = r.plans.get((dev, align, forced))
+    vx = r.vx
+    key = (dev, r.log, r.src, r.dst, vx.outer, vx.dim, vx.inner, align, forced)
+    entry = _PLANS.get(key)
     if entry is None:
-        vx = r.vx
-        key = (dev, r.log, r.src, r.dst, vx.outer, vx.dim, vx.inner, align, forced)
-        entry = _PLANS.get(key)
-        if entry is None:
-            entry = _PLANS[key] = _make_plan(dev, r.log, r.src, r.dst, vx, align, forced)
-        r.plans[dev, align, forced] = entry
+        entry = _PLANS[key] = _make_plan(dev, r.log, r.src, r.dst, vx, align, forced)
     entry[2].fire(stream, (px, py), r.values)
 
 

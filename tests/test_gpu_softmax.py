@@ -640,9 +640,9 @@ def test_torch_memo(op, monkeypatch):
 
 
 def test_memoized_layout_plans_again_under_override_constants(monkeypatch):
-    """A memoized layout's recipe keeps the plans its calls met; override_constants empties
-    the memo with the plan cache, so a call inside plans under the new constants, and one
-    after under the restored ones."""
+    """A memoized layout plans under the constants of the moment: a call inside
+    override_constants launches the plan the new constants make, one after the restored
+    one's (the call memo holds no plans)."""
     launched = spy_launches(monkeypatch)
     x = cupy.asarray(_rng(3).standard_normal((4096, 1024), dtype=np.float32), np.float16)
     ref = cunorm.softmax(x)
