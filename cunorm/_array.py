@@ -265,6 +265,24 @@ def same_device(a, b, fname: str, argname: str, ref: str = "x") -> None:
                          f"device {a.device.id}")
 
 
+def other_device(x) -> int | None:
+    """The device of CuPy array ``x`` if it is not CuPy's current device, else None.
+
+    A call computes where its data lives, as for a torch tensor: on an array made under
+    another ``cupy.cuda.Device`` it runs with that device current (:func:`on_device`), so its
+    kernels, results and stream (that device's current one) are the array's device's. Without
+    the switch, results would land on the current device and a kernel compiled for x's device
+    would go to another device's stream."""
+    dev = x.data.device_id
+    return None if dev == sys.modules["cupy"].cuda.runtime.getDevice() else dev
+
+
+def on_device(dev: int, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with CUDA device ``dev`` as CuPy's current device."""
+    with sys.modules["cupy"].cuda.Device(dev):
+        return fn(*args, **kwargs)
+
+
 # --- frameworks through DLPack ----------------------------------------------------------
 @contextlib.contextmanager
 def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> Iterator[None]:

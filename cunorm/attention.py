@@ -95,6 +95,11 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask
     (array([[[0., 0.]]]), array([[-inf]], dtype=float32))
     """
     kind = _array.array_kind(q, FNAME, "q")
+    if kind == "cupy":
+        dev = _array.other_device(q)
+        if dev is not None:
+            return _array.on_device(dev, attention, q, k, v, causal=causal, scale=scale,
+                                    mask=mask, return_lse=return_lse, out=out)
     key = None
     if kind == "cupy" and out is None:
         key = _memo_key(q, k, v, mask, causal, scale, return_lse)

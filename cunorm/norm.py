@@ -164,10 +164,15 @@ def _results(call: _Call, y, h, mean, rstd):
 # --- dispatch on the kind of array ------------------------------------------------------
 def _norm_family(op, x, weight, bias, axis, eps, out, return_stats, residual):
     kind = _array.array_kind(x, op)
-    if kind == "cupy" and out is None:
-        res = _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual)
-        if res is not None:
-            return res
+    if kind == "cupy":
+        dev = _array.other_device(x)
+        if dev is not None:
+            return _array.on_device(dev, _norm_family, op, x, weight, bias, axis, eps, out,
+                                    return_stats, residual)
+        if out is None:
+            res = _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual)
+            if res is not None:
+                return res
     torch_key = None
     if kind == "torch" and out is None and all(
             a is None or type(a).__module__.startswith("torch") for a in (weight, bias, residual)):

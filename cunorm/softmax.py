@@ -72,6 +72,9 @@ def log_softmax(x, axis=-1, *, dtype=None, out=None):
 def _softmax_family(x, axis, dtype, out, log: bool, fname: str):
     kind = _array.array_kind(x, fname)
     if kind == "cupy":
+        dev = _array.other_device(x)
+        if dev is not None:
+            return _array.on_device(dev, _softmax_cupy, x, axis, dtype, out, log, fname)
         return _softmax_cupy(x, axis, dtype, out, log, fname)
     if kind == "numpy":
         return _softmax_numpy(x, axis, dtype, out, log, fname)
@@ -243,8 +246,8 @@ def _softmax_cupy_checked(x, axis, dtype, out, log: bool, fname: str):
 
 
 def _launch(px: int, py: int, dev: int, r: _Recipe, stream: int) -> None:
-    """Launch recipe ``r`` on x at address ``px`` and y at ``py`` (device ``dev``, current)
-    on stream handle ``stream``."""
+    """Launch recipe ``r`` on x at address ``px`` and y at ``py`` (device ``dev``, the current
+    one) on stream handle ``stream``."""
     src_size, dst_size = r.itemsizes
     align = _array.pack_alignment(((px, src_size), (py, dst_size)), r.stride_bits)
     forced = _dispatch.forced_path()

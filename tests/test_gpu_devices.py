@@ -1,0 +1,141 @@
+"""GPU tests with two devices: a call computes on its arrays' device whatever device is
+current, on the first call of a layout and on memoized ones (CuPy arrays and CUDA torch
+tensors), leaves the current device as it found it, and refuses arguments on other devices.
+
+Skipped (with the reason) on a machine with fewer than two CUDA GPUs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _gpu import BF16, GPU_MARKS, N_GPUS, cupy  # shared GPU preamble
+
+import cunorm
+
+pytestmark = [*GPU_MARKS, pytest.mark.skipif(
+    N_GPUS < 2, reason="needs two CUDA GPUs: multi-device tests not run")]
+
+HOME = 1  # the arrays' device; device 0 is current outside the `with` blocks
+
+
+def _host_inputs(op: str, rng) -> dict[str, np.ndarray]:
+    """Host arrays of one call of ``op`` (keyword name -> array)."""
+    if op in ("softmax", "log_softmax"):
+        return {"x": (rng.standard_normal((96, 300)) * 4).astype(np.float32)}
+    if op == "layer_norm":
+        x, r = (rng.standard_normal((64, 1024)).astype(BF16) for _ in range(2))
+        w, b = (rng.standard_normal(1024).astype(BF16) for _ in range(2))
+        return {"x": x, "weight": w, "bias": b, "residual": r}
+    if op == "rms_norm":
+        return {"x": rng.standard_normal((7, 4096)).astype(np.float16),
+                "weight": rng.standard_normal(4096).astype(np.float16)}
+    if op == "attention":  # prefill, grouped heads
+        q = rng.standard_normal((2, 8, 130, 64)).astype(np.float16)
+        k, v = (rng.standard_normal((2, 2, 200, 64)).astype(np.float16) for _ in range(2))
+        return {"q": q, "k": k, "v": v}
+    # decoding over a long cache: split-KV kernel and its merge
+    q = rng.standard_normal((1, 32, 1, 128)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 8, 20000, 128)).astype(np.float16) for _ in range(2))
+    return {"q": q, "k": k, "v": v}
+
+
+def _call(op: str, arrays: dict):
+    """Run ``op`` on ``arrays`` (CuPy), with statistics or lse where the op has them."""
+    if op in ("softmax", "log_softmax"):
+        return getattr(cunorm, op)(arrays["x"])
+    if op == "layer_norm":
+        return cunorm.layer_norm(arrays["x"], arrays["weight"], arrays["bias"],
+                                 residual=arrays["residual"], return_stats=True)
+    if op == "rms_norm":
+        return cunorm.rms_norm(arrays["x"], arrays["weight"], return_stats=True)
+    return cunorm.attention(arrays["q"], arrays["k"], arrays["v"], return_lse=True)
+
+
+def _parts(res) -> tuple:
+    return res if isinstance(res, tuple) else (res,)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm", "attention",
+                                "attention decode"])
+def test_cupy_arrays_compute_on_their_device(op):
+    """Arrays on device 1 while device 0 is current: results on device 1, bit-identical to the
+    call made with device 1 current, on the first call of the layout (planned while another
+    device was current) and on the memoized ones, from either side; device 0 stays current."""
+    rng = np.random.default_rng(len(op))
+    host = _host_inputs(op, rng)
+    with cupy.cuda.Device(HOME):
+        arrays = {name: cupy.asarray(a) for name, a in host.items()}
+    assert cupy.cuda.runtime.getDevice() == 0
+    first = _parts(_call(op, arrays))  # plans, compiles and memoizes from device 0
+    assert cupy.cuda.runtime.getDevice() == 0
+    with cupy.cuda.Device(HOME):
+        home = _parts(_call(op, arrays))  # the memo, device 1 current
+        cupy.cuda.Device().synchronize()
+    again = _parts(_call(op, arrays))  # the memo, device 0 current
+    assert cupy.cuda.runtime.getDevice() == 0
+    for got in (first, again):
+        assert len(got) == len(home)
+        for a, b in zip(got, home, strict=True):
+            assert a.device.id == HOME and b.device.id == HOME
+            with cupy.cuda.Device(HOME):
+                assert bool(cupy.array_equal(a, b, equal_nan=True)), op
+    # the results are the op's, not just the same bits twice
+    with cupy.cuda.Device(HOME):
+        y = cupy.asnumpy(home[0]).astype(np.float64)
+    if op == "softmax":
+        np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-5)
+    elif op == "rms_norm":
+        x = host["x"].astype(np.float64)
+        ref = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6) * host["weight"]
+        np.testing.assert_allclose(y, ref, rtol=4e-3, atol=4e-3)
+    elif op.startswith("attention"):
+        q, k, v = (host[n].astype(np.float64) for n in ("q", "k", "v"))
+        group = q.shape[1] // k.shape[1]
+        k, v = (np.repeat(a, group, axis=1) for a in (k, v))
+        s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        ref = (p / p.sum(axis=-1, keepdims=True)) @ v
+        np.testing.assert_allclose(y, ref, rtol=2e-2, atol=2e-3)
+
+
+def test_cupy_out_on_another_device_is_refused():
+    """``out`` on the current device for an ``x`` on another: a ValueError naming both
+    devices, and ``out`` left as it was."""
+    with cupy.cuda.Device(HOME):
+        x = cupy.ones((8, 128), np.float32)
+    out = cupy.full((8, 128), 7.0, np.float32)
+    for call in (lambda: cunorm.softmax(x, out=out), lambda: cunorm.rms_norm(x, out=out)):
+        with pytest.raises(ValueError, match="out is on device 0 but x is on device 1"):
+            call()
+    assert float(out.min()) == 7.0 == float(out.max())
+    assert cupy.cuda.runtime.getDevice() == 0
+
+
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "attention"])
+def test_torch_tensors_compute_on_their_device(op):
+    """CUDA tensors on cuda:1 while cuda:0 is torch's current device: results on cuda:1, equal
+    to those made with cuda:1 current (where the tensor memo serves the repeat)."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator(device=f"cuda:{HOME}").manual_seed(3)
+    dev = f"cuda:{HOME}"
+    if op == "softmax":
+        args = (torch.randn(96, 300, device=dev, generator=gen),)
+        fn = cunorm.softmax
+    elif op == "rms_norm":
+        args = (torch.randn(7, 4096, device=dev, generator=gen, dtype=torch.bfloat16),
+                torch.randn(4096, device=dev, generator=gen, dtype=torch.bfloat16))
+        fn = cunorm.rms_norm
+    else:
+        args = tuple(torch.randn(1, 8, 77, 64, device=dev, generator=gen, dtype=torch.float16)
+                     for _ in range(3))
+        fn = cunorm.attention
+    assert torch.cuda.current_device() == 0
+    away = [fn(*args) for _ in range(2)]
+    with torch.cuda.device(HOME):
+        home = [fn(*args) for _ in range(2)]
+        torch.cuda.synchronize()
+    assert torch.cuda.current_device() == 0 and cupy.cuda.runtime.getDevice() == 0
+    for y in away + home:
+        assert y.device == torch.device(dev)
+        torch.testing.assert_close(y, home[0], atol=0, rtol=0)
