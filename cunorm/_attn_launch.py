@@ -21,10 +21,11 @@ from ._kernels import get_kernel, occupancy
 DEPENDENT_COMBINE = True
 
 # (device, dtype, d, dv, lq, lk, batch, hkv, group, causal, masked, scale > 0, forced choices)
-# -> (plan, the forward kernel's KernelLaunch, combine, the merge's dependent launch or None)
+# -> (plan, the forward kernel's KernelLaunch, the merge kernel or None)
 _PLANS: dict[tuple, tuple] = BoundedCache()
-# (device, merge kernel name, part rows) -> its dependent _driver_launch.KernelLaunch
-_DEPENDENT: dict[tuple, _driver_launch.KernelLaunch] = BoundedCache()
+# (device, merge kernel name, part rows, dependent) -> the merge's _driver_launch.KernelLaunch,
+# shared by the plans of every Lk (each fire fills its arguments)
+_MERGES: dict[tuple, _driver_launch.KernelLaunch] = BoundedCache()
 
 _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
 
@@ -84,54 +85,59 @@ class Launch:
     (shapes, element strides, dtype, causal, scale, mask and lse presence) needs, so that a
     repeated call only supplies pointers (:meth:`fire`). Built by :func:`prepare`."""
 
-    __slots__ = ("plan", "kernel", "combine", "values", "combine_args", "work", "part_rows",
-                 "dv", "strides_aligned", "dependent", "combine_bytes")
+    __slots__ = ("plan", "kernel", "merge", "values", "work", "work_bytes", "part_rows", "dv",
+                 "strides_aligned", "combine_bytes")
 
-    def __init__(self, plan, kernel: _driver_launch.KernelLaunch, combine, args: dict,
-                 combine_args: np.void, work, part_rows: int, dv: int, strides_aligned: bool,
-                 dependent: _driver_launch.KernelLaunch | None = None) -> None:
-        self.plan, self.kernel, self.combine = plan, kernel, combine
-        # the merge as a programmatic dependent launch (the plan's), or None: an ordinary one
-        self.dependent = dependent
+    def __init__(self, plan, kernel: _driver_launch.KernelLaunch,
+                 merge: _driver_launch.KernelLaunch | None, args: dict, combine_args: np.void,
+                 work, part_rows: int, dv: int, strides_aligned: bool) -> None:
+        # the split-KV merge's launch (dependent or ordinary), None without key splits
+        self.plan, self.kernel, self.merge = plan, kernel, merge
         self.combine_bytes = (combine_args.tobytes(),)
         # vec flag (0 / 1) -> the bytes of the arguments after the 8 pointers: the AttnArgs
         # record alone, or its fields as plain parameters (_attn_dispatch.packed_args)
         self.values = {vec: tuple(a.tobytes() for a in values) for vec, values in args.items()}
-        self.combine_args = combine_args
         self.work, self.part_rows, self.dv = work, part_rows, dv
+        self.work_bytes = np.dtype(work).itemsize
         self.strides_aligned = strides_aligned
 
     def fire(self, q, k, v, out, mask=None, lse=None) -> None:
         """Launch on CuPy arrays whose data pointers start the operands this launch was
-        prepared for (the same shapes and strides)."""
+        prepared for (the same shapes and strides), on CuPy's current stream."""
         import cupy
 
-        pq, pk, pv, po = q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr
+        self.fire_at(cupy.cuda.get_current_stream().ptr, q.data.ptr, k.data.ptr, v.data.ptr,
+                     out.data.ptr, 0 if mask is None else mask.data.ptr,
+                     0 if lse is None else lse.data.ptr, _cupy_workspace)
+
+    def fire_at(self, stream: int, pq: int, pk: int, pv: int, po: int, pmask: int, plse: int,
+                workspace) -> None:
+        """Launch on stream handle ``stream`` of the current device with the operands at
+        these addresses (0: no mask, no lse). ``workspace(count, dtype)`` allocates the
+        split-KV merge's workspace on the stream's allocator (freed in stream order) and
+        returns (the array, its address)."""
         vec = int(self.strides_aligned and (pq | pk | pv | po) % 16 == 0)
-        plse = 0 if lse is None else lse.data.ptr
         plan = self.plan
         combine = plan.needs_combine
         if combine:
             # one workspace: the unnormalized partial rows, then their (row max, row sum)
             rows = plan.splits * self.part_rows
-            work = cupy.empty(rows * (self.dv + 2), self.work)  # freed stream-ordered
-            o_part = work.data.ptr
-            stat_part = o_part + rows * self.dv * work.itemsize
+            held, o_part = workspace(rows * (self.dv + 2), self.work)  # held past the launches
+            stat_part = o_part + rows * self.dv * self.work_bytes
         else:
             o_part = stat_part = 0
-        stream = cupy.cuda.get_current_stream().ptr
-        self.kernel.fire(stream, (pq, pk, pv, po, plse, o_part, stat_part,
-                                  0 if mask is None else mask.data.ptr), self.values[vec])
-        if (combine and self.dependent is not None
-                and cupy.cuda.runtime.getDevice() == self.dependent.device):
-            self.dependent.fire(stream, (o_part, stat_part, po, plse), self.combine_bytes)
-        elif combine:
-            self.combine((self.part_rows,), (_attn_dispatch.COMBINE_THREADS,),
-                         (np.uint64(o_part), np.uint64(stat_part), out,
-                          _NULL if lse is None else lse, self.combine_args))
+        self.kernel.fire(stream, (pq, pk, pv, po, plse, o_part, stat_part, pmask),
+                         self.values[vec])
+        if combine:
+            self.merge.fire(stream, (o_part, stat_part, po, plse), self.combine_bytes)
 
 
-_NULL = np.uint64(0)
+def _cupy_workspace(count: int, dtype) -> tuple[object, int]:
+    """``count`` elements of ``dtype`` from CuPy's pool, on its current stream."""
+    import cupy
+
+    buf = cupy.empty(count, dtype)
+    return buf, buf.data.ptr
 
 
 def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) -> Launch:
@@ -160,7 +166,7 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
     if entry is None:
         entry = _PLANS[key] = _make_plan(dev, dtype, d, dv, lq, lk, bsz, hkv, group, causal,
                                          masked, scale_positive)
-    plan, kernel, combine, dependent = entry
+    plan, kernel, merge_kernel = entry
 
     kind = _MASK_KIND[None if mask is None else ("bool" if mask.dtype == np.bool_ else "additive")]
     ms = (0, 0, 0, 0) if mask is None else strides(mask, "mask")
@@ -182,8 +188,18 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
                            splits=plan.splits, hkv=hkv, group=group, dv=dv)
     # AttnWork<T> of attention.cu: float on tensor cores, double on the SIMT path
     work = np.float64 if dtype in _attn_dispatch.SIMT_DTYPES else np.float32
-    return Launch(plan, kernel, combine, args, combine_args, work, part_rows, dv,
-                  strides_aligned, dependent if DEPENDENT_COMBINE else None)
+    merge = None
+    if plan.needs_combine:
+        dependent = DEPENDENT_COMBINE and _driver_launch.available(device_props(dev).arch)
+        merge_key = (dev, plan.combine, part_rows, dependent)
+        merge = _MERGES.get(merge_key)
+        if merge is None:
+            # the part rows' and statistics' workspace, out, lse; then CombineArgs
+            merge = _MERGES[merge_key] = _driver_launch.KernelLaunch(
+                merge_kernel, dev, part_rows, _attn_dispatch.COMBINE_THREADS,
+                (*(_driver_launch.POINTER,) * 4, COMBINE_ARGS.itemsize), dependent=dependent)
+    return Launch(plan, kernel, merge, args, combine_args, work, part_rows, dv,
+                  strides_aligned)
 
 
 def launch_attention(q, k, v, out, *, causal: bool, scale: float, mask=None,
@@ -234,21 +250,11 @@ def _make_plan(dev: int, dtype: str, d: int, dv: int, lq: int, lk: int, bsz: int
     plan = _attn_dispatch.plan_attention(dtype, d, dv, lq, lk, bsz, hkv, group, props, occ,
                                          causal=causal, masked=masked,
                                          scale_positive=scale_positive)
-    combine = kernel_for(plan.combine)
-    dependent = None
-    if plan.needs_combine and _driver_launch.available(props.arch):
-        # one per merge kernel and grid (the part rows, B * Hkv * group * Lq), shared by the
-        # plans of every Lk: each fire fills its arguments
-        key = (dev, plan.combine, bsz * hkv * group * lq)
-        dependent = _DEPENDENT.get(key)
-        if dependent is None:
-            dependent = _DEPENDENT[key] = _driver_launch.KernelLaunch(
-                combine, dev, key[2], _attn_dispatch.COMBINE_THREADS,
-                (*(_driver_launch.POINTER,) * 4, COMBINE_ARGS.itemsize), dependent=True)
+    merge_kernel = kernel_for(plan.combine) if plan.needs_combine else None
     # q, k, v, out, lse, the partial rows and their statistics, mask; then the scalars
     scalars = ((ATTN_ARGS.itemsize,) if _attn_dispatch.packed_args(plan.kernel)
                else tuple(ATTN_ARGS.fields[name][0].itemsize for name in ATTN_ARGS.names))
     kernel = _driver_launch.KernelLaunch(kernel_for(plan.kernel), dev, plan.grid, plan.block,
                                          (*(_driver_launch.POINTER,) * 8, *scalars),
                                          shared_mem=plan.smem)
-    return plan, kernel, combine, dependent
+    return plan, kernel, merge_kernel

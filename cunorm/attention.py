@@ -102,7 +102,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask
                                     mask=mask, return_lse=return_lse, out=out)
     key = None
     if kind == "cupy" and out is None:
-        key = _memo_key(q, k, v, mask, causal, scale, return_lse)
+        key = _memo_key(q, k, v, mask, causal, scale, return_lse, _cupy_layout)
         fast = None if key is None else _MEMO.get(key)
         if fast is not None:
             return fast(q, k, v, mask)
@@ -255,17 +255,25 @@ def _validate(kind: str, q, k, v, causal, scale, mask, return_lse, out) -> Atten
 _MEMO: dict[tuple, _FastCall] = BoundedCache()
 
 
-def _memo_key(q, k, v, mask, causal, scale, return_lse) -> tuple | None:
-    """The memo key of a call with CuPy ``q``, or None where the arguments' types alone could
-    make two different calls hash alike (``True`` and ``1``, a NumPy ``k``, ...)."""
+def _cupy_layout(a) -> tuple:
+    return (a.shape, a.strides, a.dtype, a.data.device_id)
+
+
+def _torch_layout(a) -> tuple:
+    return (a.shape, a.stride(), a.dtype, _array.cuda_index(a))
+
+
+def _memo_key(q, k, v, mask, causal, scale, return_lse, layout) -> tuple | None:
+    """The memo key of a call (each operand's ``layout``: :func:`_cupy_layout` or
+    :func:`_torch_layout`), or None where the arguments' types alone could make two
+    different calls hash alike (``True`` and ``1``, a NumPy ``k``, ...)."""
     if (type(k) is not type(q) or type(v) is not type(q) or type(causal) is not bool
             or type(return_lse) is not bool or not (scale is None or type(scale) is float)
             or not (mask is None or type(mask) is type(q))):
         return None
-    masked = () if mask is None else (mask.shape, mask.strides, mask.dtype, mask.data.device_id)
-    return (q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
-            v.dtype, q.data.device_id, k.data.device_id, v.data.device_id, causal, scale,
-            return_lse, forced_choices(), masked)
+    masked = () if mask is None else layout(mask)
+    return (*layout(q), *layout(k), *layout(v), causal, scale, return_lse, forced_choices(),
+            masked)
 
 
 class _FastCall:
@@ -292,6 +300,26 @@ class _FastCall:
         self.launch.fire(q, k, v, out, mask, lse)
         return out, lse
 
+    def torch(self, q, k, v, mask, dev: int, stream: int):
+        """The same on CUDA torch tensors of the memoized layouts, on torch's stream handle
+        ``stream`` of device ``dev`` (the current one); torch allocates the results and the
+        split-KV workspace. Not for a mask that needs a cast."""
+        import torch
+
+        out = torch.empty(self.out_shape, dtype=q.dtype, device=dev)
+        lse = (None if self.lse_shape is None
+               else torch.empty(self.lse_shape, dtype=torch.float32, device=dev))
+
+        def workspace(count: int, dtype) -> tuple[object, int]:
+            buf = torch.empty(count, dtype=torch.float64 if dtype is np.float64
+                              else torch.float32, device=dev)
+            return buf, buf.data_ptr()
+
+        self.launch.fire_at(stream, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                            0 if mask is None else mask.data_ptr(),
+                            0 if lse is None else lse.data_ptr(), workspace)
+        return out if lse is None else (out, lse)
+
 
 def _attention_cupy(call: AttentionCall, q, k, v, mask, out, memo_key: tuple | None):
     """Run a validated call; memoize it under ``memo_key`` (given for calls without out) if it
@@ -317,9 +345,36 @@ def _attention_cupy(call: AttentionCall, q, k, v, mask, out, memo_key: tuple | N
 
 
 # --- PyTorch / JAX ----------------------------------------------------------------------
+# The same for CUDA torch tensors: the key holds each tensor's shape, element strides, torch
+# dtype and CUDA index; the _FastCall is their CuPy views'. A hit builds no CuPy view and no
+# DLPack capsule (a mask that needs a cast takes the full path).
+_TORCH_MEMO: dict[tuple, _FastCall] = BoundedCache()
+
+
+def _attention_torch_memo(key: tuple, q, k, v, mask):
+    """The result for CUDA tensors of layouts a call has met before, or None on a miss (or a
+    tensor that requires grad, or another current device: the full path then raises or
+    switches)."""
+    fast = _TORCH_MEMO.get(key)
+    if (fast is None or q.requires_grad or k.requires_grad or v.requires_grad
+            or (mask is not None and mask.requires_grad)):
+        return None
+    dev = key[3]  # q's CUDA index
+    stream = _array.torch_launch_stream(dev)
+    if stream is None:
+        return None
+    return fast.torch(q, k, v, mask, dev, stream)
+
+
 def _attention_framework(kind: str, q, k, v, causal, scale, mask, return_lse, out):
     """Every array of q's kind and device, viewed zero-copy as CuPy arrays, validated and
     computed on the framework's stream; the results come back as the framework's arrays."""
+    torch_key = None
+    if kind == "torch" and out is None:
+        torch_key = _memo_key(q, k, v, mask, causal, scale, return_lse, _torch_layout)
+        res = None if torch_key is None else _attention_torch_memo(torch_key, q, k, v, mask)
+        if res is not None:
+            return res
     named = (("k", k), ("v", v), ("mask", mask), ("out", out))
     for name, arr in named:
         if arr is not None:
@@ -336,6 +391,11 @@ def _attention_framework(kind: str, q, k, v, causal, scale, mask, return_lse, ou
                 for name, arr in (("q", q), *named)}
         res = attention(conv["q"], conv["k"], conv["v"], causal=causal, scale=scale,
                         mask=conv["mask"], return_lse=return_lse, out=conv["out"])
+        if torch_key is not None:
+            fast = _MEMO.get(_memo_key(conv["q"], conv["k"], conv["v"], conv["mask"], causal,
+                                       scale, return_lse, _cupy_layout))
+            if fast is not None and not fast.cast_mask:  # the views went straight to a kernel
+                _TORCH_MEMO[torch_key] = fast
         y, lse = res if isinstance(res, tuple) else (res, None)
         y = out if out is not None else _array.from_cupy(y, kind)
         return y if lse is None else (y, _array.from_cupy(lse, kind))

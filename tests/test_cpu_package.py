@@ -220,7 +220,7 @@ def test_bounded_cache_under_threads():
 @pytest.mark.parametrize(("module", "name"), [
     ("cunorm.softmax", "_PLANS"), ("cunorm.softmax", "_RECIPES"), ("cunorm.norm", "_PLANS"),
     ("cunorm.norm", "_RECIPES"), ("cunorm._attn_launch", "_PLANS"),
-    ("cunorm._attn_launch", "_DEPENDENT"), ("cunorm.attention", "_MEMO"),
+    ("cunorm._attn_launch", "_MERGES"), ("cunorm.attention", "_MEMO"),
     ("cunorm._kernels", "_OCCUPANCY"), ("cunorm._array", "_EXTERNAL_STREAMS")])
 def test_geometry_caches_are_bounded(module, name):
     """A program that meets a new geometry on every call (a KV cache growing by a key a step)

@@ -374,9 +374,11 @@ def launches(monkeypatch):
         return real(q, k, v, out, **kwargs)
 
     monkeypatch.setattr(mod, "launch_attention", spy)
-    # a memoized call skips the launcher (see test_repeated_calls_take_the_memo): start empty
-    monkeypatch.setattr(importlib.import_module("cunorm.attention"), "_MEMO",
-                        importlib.import_module("cunorm._cache").BoundedCache())
+    # a memoized call skips the launcher (see test_repeated_calls_take_the_memo and
+    # test_torch_memo): start both memos empty
+    for memo in ("_MEMO", "_TORCH_MEMO"):
+        monkeypatch.setattr(importlib.import_module("cunorm.attention"), memo,
+                            importlib.import_module("cunorm._cache").BoundedCache())
     return calls
 
 
@@ -707,6 +709,68 @@ def test_torch_stream(launches):
     s.synchronize()
     assert launches and all(c["stream"] == s.cuda_stream for c in launches)
     torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("case", ["prefill", "split decode", "bool mask", "lse"])
+def test_torch_memo(case, monkeypatch):
+    """A repeated call on CUDA tensors of one layout takes the tensor memo: no CuPy view,
+    results that torch allocates, every launch (a split decode's merge too) on torch's current
+    stream, the full path's bits on the same inputs and on fresh ones. Tensors that require
+    grad still raise; a float mask of another dtype (cast each call) is not memoized."""
+    torch = _torch_cuda()
+    from _gpu import spy_launches
+
+    attention_module = importlib.import_module("cunorm.attention")
+    monkeypatch.setattr(attention_module, "_TORCH_MEMO", {})
+    launched = spy_launches(monkeypatch)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def make():
+        if case == "split decode":  # Lk 20000, one query: key splits and their merge
+            return (torch.randn(1, 32, 1, 128, device="cuda", generator=gen, dtype=torch.bfloat16),
+                    *(torch.randn(1, 8, 20000, 128, device="cuda", generator=gen,
+                                  dtype=torch.bfloat16) for _ in range(2)), None)
+        q, k, v = (torch.randn(2, n, h, 64, device="cuda", generator=gen,
+                               dtype=torch.float16).transpose(1, 2)
+                   for n, h in ((33, 8), (90, 2), (90, 2)))
+        mask = (torch.rand(2, 1, 1, 90, device="cuda", generator=gen) > 0.3
+                if case == "bool mask" else None)
+        return q, k, v, mask
+
+    def call(q, k, v, mask):
+        return cunorm.attention(q, k, v, mask=mask, return_lse=case == "lse")
+
+    def parts(res):
+        return res if isinstance(res, tuple) else (res,)
+
+    first_in = make()
+    first = parts(call(*first_in))  # the full path: registers the layouts
+    assert len(attention_module._TORCH_MEMO) == 1
+    fresh_in = make()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
+    with monkeypatch.context() as m, torch.cuda.stream(s):
+        m.setattr(cunorm._array, "to_cupy", None)  # a CuPy view would fail the call
+        launched.clear()
+        again = parts(call(*first_in))
+        fresh = parts(call(*fresh_in))
+    s.synchronize()
+    per_call = 2 if case == "split decode" else 1
+    assert [stream for *_, stream in launched] == [s.cuda_stream] * (2 * per_call)
+    monkeypatch.setattr(attention_module, "_TORCH_MEMO", {})
+    full = parts(call(*fresh_in))  # the full path on the fresh inputs
+    for got, want in ((again, first), (fresh, full)):
+        assert len(got) == len(want) == (2 if case == "lse" else 1)
+        for a, b in zip(got, want, strict=True):
+            assert a.is_contiguous() and a.dtype == b.dtype and a.device == b.device
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    q, k, v, mask = first_in
+    with pytest.raises((RuntimeError, BufferError), match="grad"):
+        call(q.detach().clone().requires_grad_(), k, v, mask)
+    if case == "prefill":  # a float32 mask for float16 q: cast on every call, never memoized
+        monkeypatch.setattr(attention_module, "_TORCH_MEMO", {})
+        call(q, k, v, torch.zeros(2, 1, 1, 90, device="cuda"))
+        assert not attention_module._TORCH_MEMO
 
 
 # --- JAX -------------------------------------------------------------------------------------

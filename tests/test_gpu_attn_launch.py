@@ -139,7 +139,7 @@ def test_split_merge_launch_forms(dependent, monkeypatch):
         launch = _attn_launch.prepare(q, kv, kv, cupy.empty_like(q), causal=False, scale=1.0)
     assert launch.plan.splits == 43
     arch = device_props(q.data.device_id).arch
-    assert (launch.dependent is not None) == (dependent and _driver_launch.available(arch))
+    assert launch.merge.dependent == (dependent and _driver_launch.available(arch))
     rng = np.random.default_rng(5)
     for _ in range(3):
         out, lse, ref, ref_lse = run(dtype, 1, 32, 8, 1, 20000, 128, 128, split=43, rng=rng)

@@ -165,7 +165,7 @@ def drop_attention_plans() -> None:
     from cunorm import _attn_dispatch, _attn_launch
 
     _attn_launch._PLANS.clear()
-    _attn_launch._DEPENDENT.clear()  # (they hold the merge kernel)
+    _attn_launch._MERGES.clear()  # (they hold the merge kernel)
     _attn_dispatch.choose_splits.cache_clear()  # (planner constants may have changed)
     sys.modules["cunorm.attention"]._MEMO.clear()  # (cunorm.attention is the function)
 
