@@ -23,6 +23,7 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 import pytest
+from _fakes import TorchTensorStub
 
 import cunorm
 from cunorm import _array, _attention_layout, _attention_ref
@@ -626,19 +627,8 @@ def test_every_failed_call_leaves_out_untouched() -> None:
 
 
 # --- frameworks (without their GPU) ---------------------------------------------------------
-class _FakeTorch:
-    __module__ = "torch"
-    shape = (2, 2, 5, 8)
-
-    def __init__(self, is_cuda: bool) -> None:
-        self.is_cuda = is_cuda
-
-    def __dlpack__(self, stream=None):  # pragma: no cover - never reached
-        raise AssertionError("must be refused before any DLPack exchange")
-
-
 def test_torch_refused_with_reason(monkeypatch) -> None:
-    cpu, gpu = _FakeTorch(False), _FakeTorch(True)
+    cpu, gpu = TorchTensorStub(False), TorchTensorStub(True)
     with pytest.raises(TypeError, match=r"^attention\(\): q is a CPU torch.Tensor.*q.numpy\(\)"):
         cunorm.attention(cpu, cpu, cpu)
     with pytest.raises(TypeError, match=r"attention\(\): k is a numpy array but q is a torch"):

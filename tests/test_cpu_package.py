@@ -221,7 +221,9 @@ def test_bounded_cache_under_threads():
     ("cunorm.softmax", "_PLANS"), ("cunorm.softmax", "_RECIPES"), ("cunorm.norm", "_PLANS"),
     ("cunorm.norm", "_RECIPES"), ("cunorm._attn_launch", "_PLANS"),
     ("cunorm._attn_launch", "_MERGES"), ("cunorm.attention", "_MEMO"),
-    ("cunorm._kernels", "_OCCUPANCY"), ("cunorm._array", "_EXTERNAL_STREAMS")])
+    ("cunorm._kernels", "_OCCUPANCY"), ("cunorm._array", "_EXTERNAL_STREAMS"),
+    ("cunorm.softmax", "_TORCH_RECIPES"), ("cunorm.norm", "_TORCH_RECIPES"),
+    ("cunorm.attention", "_TORCH_MEMO")])
 def test_geometry_caches_are_bounded(module, name):
     """A program that meets a new geometry on every call (a KV cache growing by a key a step)
     must not grow the plan caches or the attention memo without end."""
