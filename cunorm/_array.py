@@ -36,6 +36,10 @@ def _cupy():
     return cupy
 
 
+# array type -> its kind (array_kind): a lookup instead of a module-name split on each call
+_KINDS: dict[type, str] = BoundedCache(64)
+
+
 def array_kind(x: object, fname: str, argname: str = "x") -> str:
     """Classify ``x``: ``"cupy"``, ``"numpy"``, ``"torch"`` or ``"jax"``.
 
@@ -44,15 +48,22 @@ def array_kind(x: object, fname: str, argname: str = "x") -> str:
     TypeError
         ``x`` is not an array cunorm accepts (lists, scalars, other objects).
     """
+    kind = _KINDS.get(type(x))
+    if kind is not None:
+        return kind
     if isinstance(x, np.ndarray):
-        return "numpy"
-    module = type(x).__module__.split(".")[0]
-    if module == "cupy":
-        return "cupy"
-    if module == "torch" and hasattr(x, "__dlpack__"):
-        return "torch"
-    if module in ("jax", "jaxlib") and hasattr(x, "__dlpack__"):
-        return "jax"
+        kind = "numpy"
+    else:
+        module = type(x).__module__.split(".")[0]
+        if module == "cupy":
+            kind = "cupy"
+        elif module == "torch" and hasattr(x, "__dlpack__"):
+            kind = "torch"
+        elif module in ("jax", "jaxlib") and hasattr(x, "__dlpack__"):
+            kind = "jax"
+    if kind is not None:
+        _KINDS[type(x)] = kind
+        return kind
     raise TypeError(
         f"{fname}(): {argname} must be a numpy.ndarray, cupy.ndarray, torch.Tensor or "
         f"jax.Array, got {type(x).__module__}.{type(x).__qualname__}"

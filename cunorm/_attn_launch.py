@@ -136,7 +136,7 @@ def _cupy_workspace(count: int, dtype) -> tuple[object, int]:
     """``count`` elements of ``dtype`` from CuPy's pool, on its current stream."""
     import cupy
 
-    buf = cupy.empty(count, dtype)
+    buf = cupy.ndarray(count, dtype)
     return buf, buf.data.ptr
 
 

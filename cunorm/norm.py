@@ -292,11 +292,12 @@ def _norm_cupy_memo(op, x, weight, bias, axis, eps, return_stats, residual):
     import cupy
 
     call, ldx, ldr, rows, cols = recipe
-    y = cupy.empty(x.shape, x.dtype)
-    h = None if residual is None else cupy.empty(x.shape, x.dtype)
+    empty = cupy.ndarray  # cupy.empty without its Python frame
+    y = empty(x.shape, x.dtype)
+    h = None if residual is None else empty(x.shape, x.dtype)
     stats_dt = np.dtype(call.stats_dtype)
-    mean = cupy.empty(rows, stats_dt) if return_stats and not call.rms else None
-    rstd = cupy.empty(rows, stats_dt) if return_stats else None
+    mean = empty(rows, stats_dt) if return_stats and not call.rms else None
+    rstd = empty(rows, stats_dt) if return_stats else None
     _launch(call, dev, cupy.cuda.get_current_stream().ptr,
             _pointers(x, y, weight, bias, residual, h, mean, rstd), ldx, cols, ldr, rows, cols)
     shape = call.stats_shape
