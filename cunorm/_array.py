@@ -297,9 +297,10 @@ def on_device(dev: int, fn, *args, **kwargs):
 # --- frameworks through DLPack ----------------------------------------------------------
 @contextlib.contextmanager
 def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> Iterator[None]:
-    """Run CuPy work on the framework's current stream for ``x`` (torch), so no
-    synchronisation is needed in either direction. JAX exposes no stream; DLPack's stream
-    handshake orders the work instead. ``argname`` is ``x``'s name in messages."""
+    """Run CuPy work on ``x``'s device and on the framework's current stream for ``x``
+    (torch), so no synchronisation is needed in either direction. JAX exposes no stream;
+    DLPack's stream handshake orders the work instead. ``argname`` is ``x``'s name in
+    messages."""
     if kind == "torch":
         if not x.is_cuda:
             raise TypeError(f"{fname}(): {argname} is a CPU torch.Tensor; cunorm computes on "
@@ -316,8 +317,29 @@ def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> It
             stream = _EXTERNAL_STREAMS[dev, ptr] = _wrap_stream(cupy, ptr, dev)
         with cupy.cuda.Device(dev), stream:
             yield
-    else:
+        return
+    # JAX shares no stream; its array's device is made current, so that the DLPack exchange
+    # and the launch take that device's CuPy stream (a CPU array is refused by to_cupy)
+    cupy = _cupy()
+    dev = _dlpack_cuda_device(x)
+    if cupy is None or dev is None:
         yield
+        return
+    with cupy.cuda.Device(dev):
+        yield
+
+
+#: DLPack's ``kDLCUDA`` device type
+_DLPACK_CUDA = 2
+
+
+def _dlpack_cuda_device(x: object) -> int | None:
+    """The CUDA device ordinal of an array with ``__dlpack_device__``, else None."""
+    try:
+        dev_type, dev = x.__dlpack_device__()
+    except Exception:  # no protocol, or an array that cannot say
+        return None
+    return int(dev) if int(dev_type) == _DLPACK_CUDA else None
 
 
 def torch_stream_handle(dev: int) -> int:

@@ -72,9 +72,6 @@ def log_softmax(x, axis=-1, *, dtype=None, out=None):
 def _softmax_family(x, axis, dtype, out, log: bool, fname: str):
     kind = _array.array_kind(x, fname)
     if kind == "cupy":
-        dev = _array.other_device(x)
-        if dev is not None:
-            return _array.on_device(dev, _softmax_cupy, x, axis, dtype, out, log, fname)
         return _softmax_cupy(x, axis, dtype, out, log, fname)
     if kind == "numpy":
         return _softmax_numpy(x, axis, dtype, out, log, fname)
@@ -163,6 +160,9 @@ class _Recipe:
 
 
 def _softmax_cupy(x, axis, dtype, out, log: bool, fname: str):
+    dev = _array.other_device(x)
+    if dev is not None:  # computed on x's device (the CuPy entry and the frameworks' views)
+        return _array.on_device(dev, _softmax_cupy, x, axis, dtype, out, log, fname)
     # Only a plain int axis takes the memo: True or 1.0 would hash like 1 and skip the checks.
     if out is None and dtype is None and type(axis) is int:
         recipe = _RECIPES.get(_recipe_key(x, axis, log))

@@ -170,6 +170,42 @@ def test_foreign_stream_wrapper() -> None:
     assert made == [("from_external", (0, 0x1234)), ("ExternalStream", 0x1234, 1)]
 
 
+def test_jax_arrays_run_under_their_cuda_device(monkeypatch) -> None:
+    """framework_stream makes a JAX array's CUDA device (DLPack's device type 2) current for
+    the call, and leaves CPU arrays and arrays without the protocol alone."""
+    from types import SimpleNamespace
+
+    from cunorm import _array
+
+    entered: list[int] = []
+
+    class Device:
+        def __init__(self, dev: int) -> None:
+            self.dev = dev
+
+        def __enter__(self):
+            entered.append(self.dev)
+
+        def __exit__(self, *exc):
+            entered.append(-1)
+
+    monkeypatch.setattr(_array, "_cupy", lambda: SimpleNamespace(cuda=SimpleNamespace(
+        Device=Device)))
+
+    class Array:
+        def __init__(self, where) -> None:
+            self.where = where
+
+        def __dlpack_device__(self):
+            return self.where
+
+    for x, want in ((Array((2, 1)), [1, -1]), (Array((1, 0)), []), (object(), [])):
+        entered.clear()
+        with _array.framework_stream(x, "jax", "softmax"):
+            assert entered == want[:1]
+        assert entered == want
+
+
 # --- bounded per-geometry caches -------------------------------------------------------------
 def test_bounded_cache_drops_the_oldest_entry():
     from cunorm._cache import BoundedCache

@@ -711,22 +711,28 @@ def test_torch_stream(launches):
     torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=2e-3)
 
 
-@pytest.mark.parametrize("case", ["prefill", "split decode", "bool mask", "lse"])
+@pytest.mark.parametrize("case", ["prefill", "split decode", "split decode, ordinary merge",
+                                  "bool mask", "lse"])
 def test_torch_memo(case, monkeypatch):
     """A repeated call on CUDA tensors of one layout takes the tensor memo: no CuPy view,
-    results that torch allocates, every launch (a split decode's merge too) on torch's current
-    stream, the full path's bits on the same inputs and on fresh ones. Tensors that require
-    grad still raise; a float mask of another dtype (cast each call) is not memoized."""
+    results that torch allocates, every launch (a split decode's merge too, dependent or
+    ordinary) on torch's current stream, the full path's bits on the same inputs and on fresh
+    ones. Tensors that require grad still raise; a float mask of another dtype (cast each
+    call) is not memoized."""
     torch = _torch_cuda()
     from _gpu import spy_launches
 
     attention_module = importlib.import_module("cunorm.attention")
     monkeypatch.setattr(attention_module, "_TORCH_MEMO", {})
+    split = case.startswith("split decode")
+    if case == "split decode, ordinary merge":  # a launch prepared afresh without the PDL
+        monkeypatch.setattr(launch_module(), "DEPENDENT_COMBINE", False)
+        monkeypatch.setattr(attention_module, "_MEMO", {})
     launched = spy_launches(monkeypatch)
     gen = torch.Generator(device="cuda").manual_seed(11)
 
     def make():
-        if case == "split decode":  # Lk 20000, one query: key splits and their merge
+        if split:  # Lk 20000, one query: key splits and their merge
             return (torch.randn(1, 32, 1, 128, device="cuda", generator=gen, dtype=torch.bfloat16),
                     *(torch.randn(1, 8, 20000, 128, device="cuda", generator=gen,
                                   dtype=torch.bfloat16) for _ in range(2)), None)
@@ -746,6 +752,12 @@ def test_torch_memo(case, monkeypatch):
     first_in = make()
     first = parts(call(*first_in))  # the full path: registers the layouts
     assert len(attention_module._TORCH_MEMO) == 1
+    if split:
+        (fast,) = attention_module._TORCH_MEMO.values()
+        arch = importlib.import_module("cunorm._device").device_props(
+            torch.cuda.current_device()).arch
+        pdl = importlib.import_module("cunorm._driver_launch").available(arch)
+        assert fast.launch.merge.dependent == (case == "split decode" and pdl)
     fresh_in = make()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())  # the inputs, made on the current stream
@@ -755,7 +767,7 @@ def test_torch_memo(case, monkeypatch):
         again = parts(call(*first_in))
         fresh = parts(call(*fresh_in))
     s.synchronize()
-    per_call = 2 if case == "split decode" else 1
+    per_call = 2 if split else 1
     assert [stream for *_, stream in launched] == [s.cuda_stream] * (2 * per_call)
     monkeypatch.setattr(attention_module, "_TORCH_MEMO", {})
     full = parts(call(*fresh_in))  # the full path on the fresh inputs

@@ -112,7 +112,7 @@ def test_cupy_out_on_another_device_is_refused():
     assert cupy.cuda.runtime.getDevice() == 0
 
 
-@pytest.mark.parametrize("op", ["softmax", "rms_norm", "attention"])
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "attention", "attention decode"])
 def test_torch_tensors_compute_on_their_device(op):
     """CUDA tensors on cuda:1 while cuda:0 is torch's current device: results on cuda:1, equal
     to those made with cuda:1 current (where the tensor memo serves the repeat)."""
@@ -126,9 +126,14 @@ def test_torch_tensors_compute_on_their_device(op):
         args = (torch.randn(7, 4096, device=dev, generator=gen, dtype=torch.bfloat16),
                 torch.randn(4096, device=dev, generator=gen, dtype=torch.bfloat16))
         fn = cunorm.rms_norm
-    else:
+    elif op == "attention":
         args = tuple(torch.randn(1, 8, 77, 64, device=dev, generator=gen, dtype=torch.float16)
                      for _ in range(3))
+        fn = cunorm.attention
+    else:  # key splits and their merge
+        args = (torch.randn(1, 32, 1, 128, device=dev, generator=gen, dtype=torch.bfloat16),
+                *(torch.randn(1, 8, 20000, 128, device=dev, generator=gen,
+                              dtype=torch.bfloat16) for _ in range(2)))
         fn = cunorm.attention
     assert torch.cuda.current_device() == 0
     away = [fn(*args) for _ in range(2)]
@@ -139,3 +144,32 @@ def test_torch_tensors_compute_on_their_device(op):
     for y in away + home:
         assert y.device == torch.device(dev)
         torch.testing.assert_close(y, home[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+def test_jax_arrays_compute_on_their_device(op, monkeypatch):
+    """A JAX array on GPU 1 while device 0 is current: a JAX result on GPU 1, equal to the
+    float64 reference within the dtype's bound; device 0 stays current."""
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPUs with CuPy
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    jnp = pytest.importorskip("jax.numpy")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend here")
+    if len(gpus) < 2:
+        pytest.skip("JAX sees one GPU: the multi-device JAX test not run")
+    host = (np.random.default_rng(4).standard_normal((64, 1000)) * 3).astype(np.float32)
+    x = jax.device_put(jnp.asarray(host), gpus[HOME])
+    xd = host.astype(np.float64)
+    if op == "softmax":
+        e = np.exp(xd - xd.max(axis=-1, keepdims=True))
+        ref = e / e.sum(axis=-1, keepdims=True)
+    else:
+        c = xd - xd.mean(axis=-1, keepdims=True)
+        ref = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5)
+    for _ in range(2):
+        y = getattr(cunorm, op)(x)
+        assert isinstance(y, jax.Array) and y.devices() == {gpus[HOME]}
+        assert cupy.cuda.runtime.getDevice() == 0
+        np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-5)

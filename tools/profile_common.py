@@ -168,6 +168,7 @@ def drop_attention_plans() -> None:
     _attn_launch._MERGES.clear()  # (they hold the merge kernel)
     _attn_dispatch.choose_splits.cache_clear()  # (planner constants may have changed)
     sys.modules["cunorm.attention"]._MEMO.clear()  # (cunorm.attention is the function)
+    sys.modules["cunorm.attention"]._TORCH_MEMO.clear()
 
 
 def _use_sources(folder) -> None:
