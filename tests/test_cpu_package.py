@@ -206,6 +206,53 @@ def test_jax_arrays_run_under_their_cuda_device(monkeypatch) -> None:
         assert entered == want
 
 
+@pytest.mark.parametrize(("op", "module", "inner"), [
+    ("softmax", "cunorm.softmax", "_softmax_cupy_checked"),
+    ("rms_norm", "cunorm.norm", "_validate"),
+    ("attention", "cunorm.attention", "_validate")])
+def test_cupy_arrays_run_under_their_device(op, module, inner, monkeypatch) -> None:
+    """A CuPy array on device 1 while device 0 is current reaches the op's checks with device
+    1 current (a stand-in CuPy records the device), and device 0 is current again after; an
+    array on the current device runs without a switch."""
+    from types import SimpleNamespace
+
+    current = [0]
+    switches: list[int] = []
+
+    class Device:
+        def __init__(self, dev: int) -> None:
+            self.dev = dev
+
+        def __enter__(self):
+            switches.append(self.dev)
+            self.prev, current[0] = current[0], self.dev
+
+        def __exit__(self, *exc):
+            current[0] = self.prev
+
+    fake = SimpleNamespace(cuda=SimpleNamespace(
+        Device=Device, runtime=SimpleNamespace(getDevice=lambda: current[0])))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+    class Reached(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Reached(current[0])
+
+    monkeypatch.setattr(importlib.import_module(module), inner, stop)
+    array_type = type("ndarray", (), {"__module__": "cupy"})
+    for dev, want in ((1, [1]), (0, [])):
+        x = array_type()
+        x.data = SimpleNamespace(device_id=dev)
+        switches.clear()
+        args = (x, x, x) if op == "attention" else (x,)
+        kwargs = {"mask": 1} if op == "attention" else {"axis": (0,)}  # no memo on these
+        with pytest.raises(Reached) as reached:
+            getattr(cunorm, op)(*args, **kwargs)
+        assert reached.value.args == (dev,) and switches == want and current == [0]
+
+
 # --- bounded per-geometry caches -------------------------------------------------------------
 def test_bounded_cache_drops_the_oldest_entry():
     from cunorm._cache import BoundedCache
