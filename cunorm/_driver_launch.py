@@ -110,13 +110,13 @@ class KernelLaunch:
     (72, 8, 56)
     """
 
-    __slots__ = ("device", "dependent", "_name", "_function", "_dims", "_config", "_attr",
+    __slots__ = ("dependent", "_name", "_function", "_dims", "_config", "_attr",
                  "_pointers", "_values", "_bound", "_params", "_params_addr", "_launch", "_lock",
                  "_held")
 
     def __init__(self, kernel, device: int, grid, block, params: tuple, shared_mem: int = 0,
                  dependent: bool = False) -> None:
-        self.device, self.dependent = device, dependent
+        self.dependent = dependent
         self._name = kernel.name
         self._function = _function(kernel, device)
         grid3, block3 = _dim3(grid), _dim3(block)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 
 class TorchTensorStub:
     """Enough of a torch.Tensor for cunorm to classify it and look up its layout: a float32
@@ -23,3 +25,28 @@ class TorchTensorStub:
 
     def __dlpack__(self, stream=None):  # pragma: no cover - never reached
         raise AssertionError("must be refused before any DLPack exchange")
+
+
+class CupyDevices:
+    """Enough of ``cupy.cuda`` for cunorm's device switch, as :attr:`module`: ``Device(n)``, a
+    context manager that makes ``n`` current (recording it in :attr:`switches`) and restores
+    the previous device on exit, and ``runtime.getDevice``. Device 0 starts current."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.switches: list[int] = []
+        devices = self
+
+        class Device:
+            def __init__(self, dev: int) -> None:
+                self.dev = dev
+
+            def __enter__(self):
+                devices.switches.append(self.dev)
+                self.prev, devices.current = devices.current, self.dev
+
+            def __exit__(self, *exc):
+                devices.current = self.prev
+
+        self.module = SimpleNamespace(cuda=SimpleNamespace(
+            Device=Device, runtime=SimpleNamespace(getDevice=lambda: devices.current)))

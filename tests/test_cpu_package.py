@@ -173,24 +173,12 @@ def test_foreign_stream_wrapper() -> None:
 def test_jax_arrays_run_under_their_cuda_device(monkeypatch) -> None:
     """framework_stream makes a JAX array's CUDA device (DLPack's device type 2) current for
     the call, and leaves CPU arrays and arrays without the protocol alone."""
-    from types import SimpleNamespace
+    from _fakes import CupyDevices
 
     from cunorm import _array
 
-    entered: list[int] = []
-
-    class Device:
-        def __init__(self, dev: int) -> None:
-            self.dev = dev
-
-        def __enter__(self):
-            entered.append(self.dev)
-
-        def __exit__(self, *exc):
-            entered.append(-1)
-
-    monkeypatch.setattr(_array, "_cupy", lambda: SimpleNamespace(cuda=SimpleNamespace(
-        Device=Device)))
+    devices = CupyDevices()
+    monkeypatch.setattr(_array, "_cupy", lambda: devices.module)
 
     class Array:
         def __init__(self, where) -> None:
@@ -199,11 +187,12 @@ def test_jax_arrays_run_under_their_cuda_device(monkeypatch) -> None:
         def __dlpack_device__(self):
             return self.where
 
-    for x, want in ((Array((2, 1)), [1, -1]), (Array((1, 0)), []), (object(), [])):
-        entered.clear()
+    for x, inside, switches in ((Array((2, 1)), 1, [1]), (Array((1, 0)), 0, []),
+                                (object(), 0, [])):
+        devices.switches.clear()
         with _array.framework_stream(x, "jax", "softmax"):
-            assert entered == want[:1]
-        assert entered == want
+            assert devices.current == inside
+        assert devices.switches == switches and devices.current == 0
 
 
 @pytest.mark.parametrize(("op", "module", "inner"), [
@@ -216,41 +205,29 @@ def test_cupy_arrays_run_under_their_device(op, module, inner, monkeypatch) -> N
     array on the current device runs without a switch."""
     from types import SimpleNamespace
 
-    current = [0]
-    switches: list[int] = []
+    from _fakes import CupyDevices
 
-    class Device:
-        def __init__(self, dev: int) -> None:
-            self.dev = dev
-
-        def __enter__(self):
-            switches.append(self.dev)
-            self.prev, current[0] = current[0], self.dev
-
-        def __exit__(self, *exc):
-            current[0] = self.prev
-
-    fake = SimpleNamespace(cuda=SimpleNamespace(
-        Device=Device, runtime=SimpleNamespace(getDevice=lambda: current[0])))
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+    devices = CupyDevices()
+    monkeypatch.setitem(sys.modules, "cupy", devices.module)
 
     class Reached(Exception):
         pass
 
     def stop(*args, **kwargs):
-        raise Reached(current[0])
+        raise Reached(devices.current)
 
     monkeypatch.setattr(importlib.import_module(module), inner, stop)
     array_type = type("ndarray", (), {"__module__": "cupy"})
     for dev, want in ((1, [1]), (0, [])):
         x = array_type()
         x.data = SimpleNamespace(device_id=dev)
-        switches.clear()
+        devices.switches.clear()
         args = (x, x, x) if op == "attention" else (x,)
         kwargs = {"mask": 1} if op == "attention" else {"axis": (0,)}  # no memo on these
         with pytest.raises(Reached) as reached:
             getattr(cunorm, op)(*args, **kwargs)
-        assert reached.value.args == (dev,) and switches == want and current == [0]
+        assert reached.value.args == (dev,) and devices.switches == want
+        assert devices.current == 0
 
 
 # --- bounded per-geometry caches -------------------------------------------------------------
