@@ -56,12 +56,13 @@ constexpr int kMaskAdd = 2;   // additive, in the input dtype
 // wgmma serialization reported; cause not found). _attn_launch.ATTN_ARGS is the struct as
 // a NumPy structured dtype (a CPU test compares the two); _attn_dispatch.packed_args says
 // which kernels take it. items: the row tiles, B * Hkv * row_tiles (attn_wg's persistent grids
-// take them in rounds).
+// take them in rounds). kv_stream: the key-split kernels read K/V under L2 evict_first (else
+// evict_unchanged; the other kernels ignore it).
 struct AttnArgs {
   i64 lq, lk, q_sb, q_sh, q_sl, k_sb, k_sh, k_sl, v_sb, v_sh, v_sl, o_sb, o_sh, o_sl, lse_sb,
       lse_sh, lse_sl, m_sb, m_sh, m_sq, m_sk, row_tiles;
   double scale;
-  int mask_kind, hkv, group, d, dv, causal, vec, items;
+  int mask_kind, hkv, group, d, dv, causal, vec, items, kv_stream;
 };
 
 #define CUNORM_ATTN_POINTERS                                                                \
@@ -75,7 +76,7 @@ struct AttnArgs {
       i64 k_sl, i64 v_sb, i64 v_sh, i64 v_sl, i64 o_sb, i64 o_sh, i64 o_sl, i64 lse_sb,      \
       i64 lse_sh, i64 lse_sl, i64 m_sb, i64 m_sh, i64 m_sq, i64 m_sk, i64 row_tiles,        \
       double scale, int mask_kind, int hkv, int group, int d, int dv, int causal, int vec,   \
-      int items
+      int items, int kv_stream
 
 #define CUNORM_ATTN_UNPACK                                                                  \
   const i64 lq = args.lq, lk = args.lk, q_sb = args.q_sb, q_sh = args.q_sh, q_sl = args.q_sl, \
@@ -552,7 +553,10 @@ __device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, in
 // DP = 128 (SASS, sm_90), a third of the decoding kernel's loop. The loader fixes the thread's
 // chunk column, shared-memory offset and column bound once, so a full tile costs a pointer
 // increment per cp.async; a partial tile (the last one) or unaligned rows go the general way.
-template <int ROWS, int DP, class LAYOUT, int THREADS, typename T> struct AttnTileLoader {
+// HINTED: the full tiles' copies carry an L2 policy (l2_read_once_policy), for K/V that a
+// launch reads once (the key-split kernels).
+template <int ROWS, int DP, class LAYOUT, int THREADS, typename T, bool HINTED = false>
+struct AttnTileLoader {
   static constexpr int kChunks = DP / 8;
   static constexpr int kStep = THREADS / kChunks;  // rows between a thread's chunks
   static constexpr bool kFast = THREADS % kChunks == 0 && kStep % 8 == 0 && ROWS % kStep == 0;
@@ -562,9 +566,11 @@ template <int ROWS, int DP, class LAYOUT, int THREADS, typename T> struct AttnTi
   int ncols, dst_off;
   unsigned bytes;       // 16, or 0 past ncols (zero-filled)
   bool vec;
+  unsigned long long l2_policy;  // HINTED only
 
-  __device__ __forceinline__ AttnTileLoader(const T* base_, i64 ld_, int ncols_, bool vec_)
-      : base(base_), ld(ld_), ncols(ncols_), vec(vec_) {
+  __device__ __forceinline__ AttnTileLoader(const T* base_, i64 ld_, int ncols_, bool vec_,
+                                            unsigned long long l2_policy_ = 0)
+      : base(base_), ld(ld_), ncols(ncols_), vec(vec_), l2_policy(l2_policy_) {
     const int c = threadIdx.x % kChunks, r = threadIdx.x / kChunks;
     const bool col_ok = c * 8 < ncols;
     thread_src = base + r * ld + (col_ok ? c * 8 : 0);
@@ -580,8 +586,12 @@ template <int ROWS, int DP, class LAYOUT, int THREADS, typename T> struct AttnTi
         const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(tile + dst_off));
 #pragma unroll
         for (int i = 0; i < ROWS / kStep; ++i) {
-          copy_async_zfill16(dst + i * kStep * LAYOUT::kRowStride * static_cast<int>(sizeof(T)),
-                             g, bytes);
+          const unsigned d = dst + i * kStep * LAYOUT::kRowStride * static_cast<int>(sizeof(T));
+          if constexpr (HINTED) {
+            copy_async_zfill16(d, g, bytes, l2_policy);
+          } else {
+            copy_async_zfill16(d, g, bytes);
+          }
           g += kStep * ld;
         }
         return;
@@ -716,8 +726,14 @@ __device__ __forceinline__ void attn_tc_rows(CUNORM_ATTN_PACKED_PARAMS) {
   const T* const vb = v + t.b * v_sb + t.kvh * v_sh;
   const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
   attn_load_q<BM, DP, Swizzle<DP>, 128>(qs, q, t, lq, group, q_sb, q_sh, q_sl, q_rows, d, vec != 0);
-  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T> k_loader(kb, k_sl, d, vec != 0);
-  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T> v_loader(vb, v_sl, dv, vec != 0);
+  // A key split's block holds every query row of its (batch, KV head), so it is the only
+  // reader of its K/V tiles: kv_stream (_attn_dispatch.kv_stream) reads them under L2
+  // evict_first.
+  const unsigned long long kv_policy = KS > 1 ? l2_read_once_policy(args.kv_stream != 0) : 0;
+  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T, (KS > 1)> k_loader(kb, k_sl, d, vec != 0,
+                                                                       kv_policy);
+  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T, (KS > 1)> v_loader(vb, v_sl, dv, vec != 0,
+                                                                       kv_policy);
   auto load_kv = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
     const int nk = static_cast<int>(min(static_cast<i64>(BN), lk - n0));

@@ -462,6 +462,23 @@ __device__ __forceinline__ void copy_async_zfill16(unsigned smem_dst, const void
                "r"(src_bytes)
                : "memory");
 }
+// The same under an L2 cache policy (createpolicy).
+__device__ __forceinline__ void copy_async_zfill16(unsigned smem_dst, const void* gmem_src,
+                                                   unsigned src_bytes,
+                                                   unsigned long long l2_policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
+               ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes), "l"(l2_policy)
+               : "memory");
+}
+// L2 policy for bytes a kernel reads once: evict_first (their lines go before any other, so
+// a stream through L2 leaves the lines already there, dirty ones included, in place), or
+// evict_unchanged (the lines keep whatever priority they had: as a plain load).
+__device__ __forceinline__ unsigned long long l2_read_once_policy(bool evict_first) {
+  unsigned long long first, unchanged;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+  asm("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;" : "=l"(unchanged));
+  return evict_first ? first : unchanged;
+}
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ._device import DeviceProps
-from ._dispatch import CTYPE, Occupancy, _cdiv, context_value
+from ._dispatch import CTYPE, ITEMSIZE, Occupancy, _cdiv, context_value
 
 TC_DTYPES = ("float16", "bfloat16")
 SIMT_DTYPES = ("float32", "float64")
@@ -132,6 +132,21 @@ TC_CLUSTER = 16
 TC_CLUSTER_MAX_TILES = 4
 #: K/V pipeline stages of attn_tc_cluster (4 stages lost 30% at D = 128, gained 4-10% at D = 64)
 TC_CLUSTER_STAGES = 2
+#: The key-split kernels (decoding) read K/V once, so they read them under L2 evict_first
+#: (attention.cu l2_read_once_policy) where the launch's K/V bytes are at most this many times
+#: the L2: the stream then replaces its own lines and leaves L2's other lines, dirty ones
+#: included, in place, instead of writing them back while it reads. bf16, Lq = 1, 32 / 8
+#: heads, D = 128, the benchmark's timer (whose flush leaves L2 dirty), one process, plain ->
+#: evict_first (us). H100 (50 MB L2): Lk = 4096 18.5-18.6 -> 17.6-17.7, 8192 26.9-27.9 ->
+#: 25.8-26.0, 16384 42.9-43.2 -> 37.8-38.4, 32768 66.1-66.4 -> 62.2-62.4, 40960 (168 MB)
+#: 76.5-77.2 -> 74.0-74.2, 49152 (201 MB) 87.5-87.7 -> 84.5-85.4, 65536 (268 MB) 109.5-110.1
+#: -> 109.4-109.8, 131072 196.5-197.3 -> 201.1-201.5. H200 (50 MB): 4096 16.4 -> 15.9, 8192
+#: 23.7-23.9 -> 21.5-22.7, 16384 33.2-34.6 -> 31.0-32.1, 32768 50.1-51.2 -> 48.6-49.4, 65536
+#: 80.0-80.9 -> 81.5-82.8, 131072 140.0-140.2 -> 146.2-147.2. ncu on the H100 at 16384: the
+#: attention kernel wrote 21.3 MB back to DRAM while it read its 67 MB, 4.8 MB under the
+#: policy, and ran 31.2-31.9 us instead of 35.4-36.7
+#: (benchmarks/results/nvidia-h100-2026-11-28-decode-l2-policy-profile.txt).
+KV_STREAM_MAX_L2 = 4
 #: SIMT path: query rows per block (one warp each), keys per tile
 SIMT_ROWS = 8
 SIMT_THREADS = 256
@@ -170,6 +185,8 @@ class AttnPlan:
     cluster : int
         Key splits of a row tile that the kernel merges itself, as one thread-block cluster
         (``attn_tc_cluster``: ``splits == cluster``, no workspace and no ``combine``); 1: none.
+    kv_stream : bool
+        Whether the key-split kernel reads K/V under L2 evict_first (:func:`kv_stream`).
     """
 
     kernel: str
@@ -181,6 +198,7 @@ class AttnPlan:
     splits: int
     items: int
     cluster: int = 1
+    kv_stream: bool = False
 
     @property
     def needs_combine(self) -> bool:
@@ -196,6 +214,8 @@ _FORCED_PERSISTENT: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "cunorm_attn_persistent", default=None)
 _FORCED_WS: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "cunorm_attn_warp_specialized", default=None)
+_FORCED_KV_STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "cunorm_attn_kv_stream", default=None)
 
 
 @contextlib.contextmanager
@@ -292,10 +312,35 @@ def forced_warp_specialized() -> bool | None:
     return _FORCED_WS.get()
 
 
-def forced_choices() -> tuple[int | None, int | None, int | None, bool | None]:
+@contextlib.contextmanager
+def force_kv_stream(enabled: bool | None) -> Iterator[None]:
+    """Force (``True``) or forbid (``False``) the L2 evict_first reads of K/V in every
+    key-split plan made inside the block (tests, measurements); other kernels never take
+    them. ``None`` restores the planner's choice (:func:`kv_stream`).
+
+    Examples
+    --------
+    >>> with force_kv_stream(False):
+    ...     pass  # cunorm.attention(q, k, v) here decodes with plain K/V reads
+    """
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ValueError(f"force_kv_stream(): enabled must be True, False or None, "
+                         f"got {enabled!r}")
+    with context_value(_FORCED_KV_STREAM, enabled):
+        yield
+
+
+def forced_kv_stream() -> bool | None:
+    """The choice forced by the innermost :func:`force_kv_stream`, or ``None``."""
+    return _FORCED_KV_STREAM.get()
+
+
+def forced_choices() -> tuple[int | None, int | None, int | None, bool | None, bool | None]:
     """``(forced_split(), forced_warpgroups(), forced_persistent(),
-    forced_warp_specialized())``: part of the key of every memoized plan."""
-    return _FORCED_SPLIT.get(), _FORCED_GROUPS.get(), _FORCED_PERSISTENT.get(), _FORCED_WS.get()
+    forced_warp_specialized(), forced_kv_stream())``: part of the key of every memoized
+    plan."""
+    return (_FORCED_SPLIT.get(), _FORCED_GROUPS.get(), _FORCED_PERSISTENT.get(),
+            _FORCED_WS.get(), _FORCED_KV_STREAM.get())
 
 
 def padded_head_dim(d: int, dv: int) -> int:
@@ -490,6 +535,26 @@ def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int,
             and not short_causal_small)
 
 
+def kv_stream(key_split: bool, kv_bytes: int, l2_bytes: int) -> bool:
+    """Whether a launch reads its ``kv_bytes`` of K/V under L2 evict_first: where it runs a
+    key-split kernel (``attn_tc`` with KS = :data:`TC_KEY_SPLIT`, or ``attn_tc_cluster``:
+    decoding rows, whose one block per KV head and split reads each K/V tile once), up to
+    :data:`KV_STREAM_MAX_L2` times the L2, unless :func:`force_kv_stream` says otherwise.
+
+    Examples
+    --------
+    >>> l2 = 50 << 20
+    >>> kv_stream(True, 67 << 20, l2), kv_stream(True, 268 << 20, l2)  # Lk = 16384, 65536
+    (True, False)
+    >>> kv_stream(False, 1 << 20, l2)  # the row tiles of other kernels share K/V
+    False
+    """
+    if not key_split:
+        return False
+    forced = _FORCED_KV_STREAM.get()
+    return kv_bytes <= KV_STREAM_MAX_L2 * l2_bytes if forced is None else forced
+
+
 # (cached: a KV cache that grows by a key a call plans a new Lk every call, and the search
 # below was 3/4 of the planner's time, ~30 us on an H200's host)
 @functools.lru_cache(maxsize=1024)
@@ -574,6 +639,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     ctype = CTYPE[dtype]
     rows = group * lq
     ws = False
+    ks = 1
     if uses_wgmma(dtype, d, dv, rows, props.arch, scale_positive, causal, lk):
         dp = wg_head_dim(d, dv)
         ws = splits is None and uses_ws(dp, rows, batch * hkv, props.sm_count)
@@ -621,8 +687,9 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         blocks = min(row_blocks, resident)
     if splits == 1 and kernel.startswith("cunorm::attn_wg"):
         blocks = wg_blocks(dp, groups, lk, causal, row_blocks, resident, forced_persistent())
+    stream = kv_stream(ks > 1, batch * hkv * lk * (d + dv) * ITEMSIZE[dtype], props.l2_bytes)
     return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (blocks, 1, splits), threads,
-                    smem, row_tiles, splits, row_blocks, cluster)
+                    smem, row_tiles, splits, row_blocks, cluster, stream)
 
 
 def all_kernel_names(arch: int) -> list[str]:

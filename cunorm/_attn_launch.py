@@ -31,17 +31,22 @@ _MASK_KIND = {None: 0, "bool": 1, "additive": 2}
 
 
 def _struct(i64_fields: str, f64_fields: str, i32_fields: str) -> np.dtype:
-    """A C struct of int64, then double, then int fields (no padding) as a NumPy dtype."""
+    """A C struct of int64, then double, then int fields as a NumPy dtype: no padding
+    between fields, and C's tail padding to a multiple of 8 bytes where there are 8-byte
+    fields (the size the kernel's parameter has)."""
     names = [*i64_fields.split(), *f64_fields.split(), *i32_fields.split()]
+    wide = len(i64_fields.split()) + len(f64_fields.split())
     formats = ([np.int64] * len(i64_fields.split()) + [np.float64] * len(f64_fields.split())
                + [np.int32] * len(i32_fields.split()))
-    return np.dtype({"names": names, "formats": formats})
+    packed = np.dtype({"names": names, "formats": formats})
+    size = -(-packed.itemsize // 8) * 8 if wide else packed.itemsize
+    return np.dtype({"names": names, "formats": formats, "itemsize": size})
 
 
 #: ``struct AttnArgs`` of attention.cu (the forward kernels' scalar arguments)
 ATTN_ARGS = _struct("lq lk q_sb q_sh q_sl k_sb k_sh k_sl v_sb v_sh v_sl o_sb o_sh o_sl lse_sb "
                     "lse_sh lse_sl m_sb m_sh m_sq m_sk row_tiles", "scale",
-                    "mask_kind hkv group d dv causal vec items")
+                    "mask_kind hkv group d dv causal vec items kv_stream")
 
 #: ``struct CombineArgs`` of attention.cu (attn_combine's scalar arguments)
 COMBINE_ARGS = _struct("part_rows lq o_sb o_sh o_sl lse_sb lse_sh lse_sl", "",
@@ -177,7 +182,7 @@ def prepare(q, k, v, out, *, causal: bool, scale: float, mask=None, lse=None) ->
                   k_sl=ks[2], v_sb=vs[0], v_sh=vs[1], v_sl=vs[2], **out_strides, m_sb=ms[0],
                   m_sh=ms[1], m_sq=ms[2], m_sk=ms[3], row_tiles=plan.row_tiles, scale=scale,
                   mask_kind=kind, hkv=hkv, group=group, d=d, dv=dv, causal=int(causal),
-                  items=plan.items)
+                  items=plan.items, kv_stream=int(plan.kv_stream))
     records = dict(enumerate(_records(ATTN_ARGS, {**fields, "vec": 0}, {**fields, "vec": 1})))
     if _attn_dispatch.packed_args(plan.kernel):
         args = {vec: (rec,) for vec, rec in records.items()}

@@ -103,7 +103,7 @@ def test_forced_persistent() -> None:
     for split-KV launches or past WG_PERSISTENT_MAX_DIM, never on sm_80), is part of the plan
     memo key, and refuses anything but None or an int >= 0."""
     with a.force_persistent(3):
-        assert a.forced_choices() == (None, None, 3, None)
+        assert a.forced_choices() == (None, None, 3, None, None)
         assert a.plan_attention("float16", 64, 64, 1000, 1000, 2, 8, 1, H100, occ2).grid \
             == (3, 1, 1)
         assert a.plan_attention("float16", 64, 64, 64, 64, 1, 2, 1, H100, occ2).grid \
@@ -123,16 +123,16 @@ def test_forced_persistent() -> None:
 def test_forced_warpgroups() -> None:
     """force_warpgroups overrides the rule where the kernel exists and is part of the plan
     memo key; bad counts are refused."""
-    assert a.forced_choices() == (None, None, None, None)
+    assert a.forced_choices() == (None, None, None, None, None)
     for forced in (1, 2):
         with a.force_warpgroups(forced), a.force_split(3):
-            assert a.forced_choices() == (3, forced, None, None)
+            assert a.forced_choices() == (3, forced, None, None, None)
             for dp in (64, 128):
                 p = a.plan_attention("float16", dp, dp, 512, 512, 1, 4, 1, H100, occ2)
                 assert p.kernel.endswith(f", {forced}>")
             p = a.plan_attention("float16", 256, 256, 512, 512, 1, 4, 1, H100, occ2)
             assert p.kernel.endswith(", 2>")
-    assert a.forced_choices() == (None, None, None, None)
+    assert a.forced_choices() == (None, None, None, None, None)
     with pytest.raises(ValueError, match="groups must be 1, 2 or None"):
         with a.force_warpgroups(3):
             pass
@@ -175,7 +175,7 @@ def test_warp_specialized_kernel(dtype: str, d: int, dp: int) -> None:
     assert "attn_ws" not in a.plan_attention(dtype, 256, 256, 16384, 16384, 1, 16, 1, H100,
                                              occ1).kernel
     with a.force_warp_specialized(True):
-        assert a.forced_choices() == (None, None, None, True)
+        assert a.forced_choices() == (None, None, None, True, None)
         assert a.plan_attention(dtype, d, d, 512, 512, 1, 1, 1, H100, occ1).kernel == ws
     with pytest.raises(ValueError, match="enabled must be True, False or None"):
         with a.force_warp_specialized(1):
@@ -356,6 +356,44 @@ def test_cluster_merges_decoding_splits(monkeypatch) -> None:
     assert a.plan_attention("bfloat16", 160, 160, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
     monkeypatch.setattr(a, "TC_CLUSTER", 0)
     assert a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
+
+
+def test_kv_stream_for_key_split_reads() -> None:
+    """The key-split kernels (decoding rows, each K/V tile read by one block) read K/V under
+    L2 evict_first up to KV_STREAM_MAX_L2 times the L2's bytes of K/V (batch, KV heads and
+    both head dims counted); no other kernel does; force_kv_stream overrides the limit but
+    not the kernel, is part of the plan memo key, and refuses non-bools."""
+    h200 = DeviceProps("fake H200", (9, 0), 132, 2048, 232448, 233472, 50 << 20, max_cluster=16)
+
+    def limit_keys(dev=H100) -> int:  # B = 1, 8 KV heads, D = 128, 2 bytes
+        return a.KV_STREAM_MAX_L2 * dev.l2_bytes // (8 * 2 * 128 * 2)
+
+    def plan(lk: int, dev=H100, dtype="bfloat16", lq=1, batch=1, d=128, dv=128):
+        return a.plan_attention(dtype, d, dv, lq, lk, batch, 8, 4, dev, occ2)
+
+    for dev in (H100, h200, A100):
+        assert plan(16384, dev).kv_stream and plan(limit_keys(dev), dev).kv_stream
+        assert not plan(limit_keys(dev) + 1, dev).kv_stream and not plan(65536, dev).kv_stream
+    assert plan(4096, h200).cluster > 1 and plan(4096, h200).kv_stream
+    assert not plan(16384, batch=4).kv_stream  # 4 x 67 MB
+    assert plan(limit_keys() // 4, batch=4).kv_stream
+    assert plan(2 * limit_keys(), d=64, dv=64).kv_stream  # half the bytes a key
+    assert not plan(2 * limit_keys() + 1, d=64, dv=64).kv_stream
+    unequal = limit_keys() * 256 // (128 + 96)  # D = 128 and Dv = 96 both counted
+    assert plan(unequal, dv=96).kv_stream and not plan(unequal + 1, dv=96).kv_stream
+    assert not plan(16384, lq=1024).kv_stream  # 64-row tiles on warpgroup MMA
+    assert not plan(16384, dtype="float32").kv_stream  # the SIMT kernel
+    assert not plan(16384, A100, lq=17).kv_stream  # 68 rows a KV head: attn_tc with KS = 1
+    assert plan(16384, A100, lq=17).kernel == a.tc_kernel("cunorm::bf16_t", 128)
+    with a.force_kv_stream(True):
+        assert a.forced_choices() == (None, None, None, None, True)
+        assert plan(65536).kv_stream and not plan(16384, lq=17).kv_stream
+    with a.force_kv_stream(False):
+        assert not plan(16384).kv_stream and not plan(4096, h200).kv_stream
+    assert a.forced_choices() == (None, None, None, None, None)
+    with pytest.raises(ValueError, match="enabled must be True, False or None"):
+        with a.force_kv_stream(1):
+            pass
 
 
 def test_force_split() -> None:

@@ -857,6 +857,33 @@ def test_clustered_key_splits(rng, dtype, d, lq, lk, causal, masked):
         assert (to_host(got)[0, 1] == 0).all() and np.isneginf(to_host(got_lse)[0, 1]).all()
 
 
+@pytest.mark.parametrize(("lk", "planned"), [(4096, True), (16384, True), (65536, False)])
+def test_kv_stream_reads_change_no_bit(rng, lk, planned):
+    """Decoding's K/V reads under L2 evict_first (_attn_dispatch.kv_stream; cluster decoding
+    at 4096 keys on sm_90, workspace splits at 16384, past the L2 limit at 65536) give the
+    same bits as plain reads, output and lse, and the planner takes them where planned."""
+    dispatch = importlib.import_module("cunorm._attn_dispatch")
+    q = cupy.asarray(rng.standard_normal((1, 32, 1, 128))).astype(BF16)
+    k, v = (cupy.asarray(rng.standard_normal((1, 8, lk, 128))).astype(BF16) for _ in range(2))
+    out = cupy.empty_like(q)
+    launch = launch_module().prepare(q, k, v, out, causal=False, scale=1 / math.sqrt(128))
+    assert launch.plan.kv_stream == planned and launch.plan.splits > 1
+    results = {}
+    for forced in (None, True, False):
+        with dispatch.force_kv_stream(forced):
+            assert launch_module().prepare(q, k, v, out, causal=False,
+                                           scale=0.5).plan.kv_stream == (
+                planned if forced is None else forced)
+            for _ in range(2):  # the first call plans, the second takes the memo
+                got, lse = cunorm.attention(q, k, v, return_lse=True)
+            results[forced] = (to_host(got).view(np.uint16), to_host(lse))
+    for forced in (True, False):
+        np.testing.assert_array_equal(results[forced][0], results[None][0])
+        np.testing.assert_array_equal(results[forced][1], results[None][1])
+    ref, _ = reference(q, k, v)
+    assert row_errors(results[None][0].view(BF16), ref).max() <= TOL["bfloat16"]
+
+
 # (B, Hq, Hkv, Lq, Lk, causal, mask): rows that fill an H100 / H200 with 128-row tiles (so
 # the planner's own persistent attn_ws grid runs several rounds a block), query tiles that
 # span heads (grouped queries, Lq not a multiple of the tile), ragged key tiles, a boolean
