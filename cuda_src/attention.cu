@@ -56,8 +56,8 @@ constexpr int kMaskAdd = 2;   // additive, in the input dtype
 // wgmma serialization reported; cause not found). _attn_launch.ATTN_ARGS is the struct as
 // a NumPy structured dtype (a CPU test compares the two); _attn_dispatch.packed_args says
 // which kernels take it. items: the row tiles, B * Hkv * row_tiles (attn_wg's persistent grids
-// take them in rounds). kv_stream: the key-split kernels read K/V under L2 evict_first (else
-// evict_unchanged; the other kernels ignore it).
+// take them in rounds). kv_stream: attn_tc / attn_tc_cluster read K/V under L2 evict_first
+// (else evict_unchanged; the other kernels ignore it).
 struct AttnArgs {
   i64 lq, lk, q_sb, q_sh, q_sl, k_sb, k_sh, k_sl, v_sb, v_sh, v_sl, o_sb, o_sh, o_sl, lse_sb,
       lse_sh, lse_sl, m_sb, m_sh, m_sq, m_sk, row_tiles;
@@ -553,8 +553,8 @@ __device__ __forceinline__ void attn_load_rows(T* tile, const T* src, i64 ld, in
 // DP = 128 (SASS, sm_90), a third of the decoding kernel's loop. The loader fixes the thread's
 // chunk column, shared-memory offset and column bound once, so a full tile costs a pointer
 // increment per cp.async; a partial tile (the last one) or unaligned rows go the general way.
-// HINTED: the full tiles' copies carry an L2 policy (l2_read_once_policy), for K/V that a
-// launch reads once (the key-split kernels).
+// HINTED: the full tiles' copies carry an L2 policy (l2_read_once_policy): attn_tc's, whose
+// launches may read K/V once.
 template <int ROWS, int DP, class LAYOUT, int THREADS, typename T, bool HINTED = false>
 struct AttnTileLoader {
   static constexpr int kChunks = DP / 8;
@@ -726,14 +726,14 @@ __device__ __forceinline__ void attn_tc_rows(CUNORM_ATTN_PACKED_PARAMS) {
   const T* const vb = v + t.b * v_sb + t.kvh * v_sh;
   const int q_rows = static_cast<int>(min(static_cast<i64>(BM), t.rows - t.r0));
   attn_load_q<BM, DP, Swizzle<DP>, 128>(qs, q, t, lq, group, q_sb, q_sh, q_sl, q_rows, d, vec != 0);
-  // A key split's block holds every query row of its (batch, KV head), so it is the only
-  // reader of its K/V tiles: kv_stream (_attn_dispatch.kv_stream) reads them under L2
-  // evict_first.
-  const unsigned long long kv_policy = KS > 1 ? l2_read_once_policy(args.kv_stream != 0) : 0;
-  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T, (KS > 1)> k_loader(kb, k_sl, d, vec != 0,
-                                                                       kv_policy);
-  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T, (KS > 1)> v_loader(vb, v_sl, dv, vec != 0,
-                                                                       kv_policy);
+  // Where one row tile holds every query row of a (batch, KV head) (decoding: the key-split
+  // kernels, and KS = 1 rows of up to 64), a block is the only reader of its K/V tiles:
+  // kv_stream (_attn_dispatch.kv_stream) then reads them under L2 evict_first.
+  const unsigned long long kv_policy = l2_read_once_policy(args.kv_stream != 0);
+  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T, true> k_loader(kb, k_sl, d, vec != 0,
+                                                                   kv_policy);
+  const AttnTileLoader<BN, DP, Swizzle<DP>, 128, T, true> v_loader(vb, v_sl, dv, vec != 0,
+                                                                   kv_policy);
   auto load_kv = [&](i64 tile, int stage) {
     const i64 n0 = tile * BN;
     const int nk = static_cast<int>(min(static_cast<i64>(BN), lk - n0));

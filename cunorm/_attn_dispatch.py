@@ -186,7 +186,7 @@ class AttnPlan:
         Key splits of a row tile that the kernel merges itself, as one thread-block cluster
         (``attn_tc_cluster``: ``splits == cluster``, no workspace and no ``combine``); 1: none.
     kv_stream : bool
-        Whether the key-split kernel reads K/V under L2 evict_first (:func:`kv_stream`).
+        Whether ``attn_tc`` reads K/V under L2 evict_first (:func:`kv_stream`).
     """
 
     kernel: str
@@ -314,9 +314,9 @@ def forced_warp_specialized() -> bool | None:
 
 @contextlib.contextmanager
 def force_kv_stream(enabled: bool | None) -> Iterator[None]:
-    """Force (``True``) or forbid (``False``) the L2 evict_first reads of K/V in every
-    key-split plan made inside the block (tests, measurements); other kernels never take
-    them. ``None`` restores the planner's choice (:func:`kv_stream`).
+    """Force (``True``) or forbid (``False``) the L2 evict_first reads of K/V in every plan
+    made inside the block whose K/V tiles have one reader each (tests, measurements); other
+    plans never take them. ``None`` restores the planner's choice (:func:`kv_stream`).
 
     Examples
     --------
@@ -535,10 +535,10 @@ def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int,
             and not short_causal_small)
 
 
-def kv_stream(key_split: bool, kv_bytes: int, l2_bytes: int) -> bool:
-    """Whether a launch reads its ``kv_bytes`` of K/V under L2 evict_first: where it runs a
-    key-split kernel (``attn_tc`` with KS = :data:`TC_KEY_SPLIT`, or ``attn_tc_cluster``:
-    decoding rows, whose one block per KV head and split reads each K/V tile once), up to
+def kv_stream(one_reader: bool, kv_bytes: int, l2_bytes: int) -> bool:
+    """Whether a launch reads its ``kv_bytes`` of K/V under L2 evict_first: where each K/V
+    tile has ``one_reader`` (``attn_tc`` or ``attn_tc_cluster`` with 64-key tiles on one row
+    tile a batch and KV head: decoding rows, every key split of which one block reads), up to
     :data:`KV_STREAM_MAX_L2` times the L2, unless :func:`force_kv_stream` says otherwise.
 
     Examples
@@ -546,10 +546,10 @@ def kv_stream(key_split: bool, kv_bytes: int, l2_bytes: int) -> bool:
     >>> l2 = 50 << 20
     >>> kv_stream(True, 67 << 20, l2), kv_stream(True, 268 << 20, l2)  # Lk = 16384, 65536
     (True, False)
-    >>> kv_stream(False, 1 << 20, l2)  # the row tiles of other kernels share K/V
+    >>> kv_stream(False, 1 << 20, l2)  # row tiles that share their K/V tiles
     False
     """
-    if not key_split:
+    if not one_reader:
         return False
     forced = _FORCED_KV_STREAM.get()
     return kv_bytes <= KV_STREAM_MAX_L2 * l2_bytes if forced is None else forced
@@ -639,7 +639,6 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     ctype = CTYPE[dtype]
     rows = group * lq
     ws = False
-    ks = 1
     if uses_wgmma(dtype, d, dv, rows, props.arch, scale_positive, causal, lk):
         dp = wg_head_dim(d, dv)
         ws = splits is None and uses_ws(dp, rows, batch * hkv, props.sm_count)
@@ -687,7 +686,11 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         blocks = min(row_blocks, resident)
     if splits == 1 and kernel.startswith("cunorm::attn_wg"):
         blocks = wg_blocks(dp, groups, lk, causal, row_blocks, resident, forced_persistent())
-    stream = kv_stream(ks > 1, batch * hkv * lk * (d + dv) * ITEMSIZE[dtype], props.l2_bytes)
+    # (64-key tiles only: at head dims 160-256, 32-key tiles, D = 256 decoding measured -2% to
+    # +2% with the policy on an H100, where 32 rows a KV head at D = 128 gained 7-12%)
+    one_reader = (row_tiles == 1 and bn == 64
+                  and kernel.startswith(("cunorm::attn_tc<", "cunorm::attn_tc_cluster<")))
+    stream = kv_stream(one_reader, batch * hkv * lk * (d + dv) * ITEMSIZE[dtype], props.l2_bytes)
     return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (blocks, 1, splits), threads,
                     smem, row_tiles, splits, row_blocks, cluster, stream)
 

@@ -358,11 +358,13 @@ def test_cluster_merges_decoding_splits(monkeypatch) -> None:
     assert a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
 
 
-def test_kv_stream_for_key_split_reads() -> None:
-    """The key-split kernels (decoding rows, each K/V tile read by one block) read K/V under
-    L2 evict_first up to KV_STREAM_MAX_L2 times the L2's bytes of K/V (batch, KV heads and
-    both head dims counted); no other kernel does; force_kv_stream overrides the limit but
-    not the kernel, is part of the plan memo key, and refuses non-bools."""
+def test_kv_stream_where_one_block_reads_each_kv_tile() -> None:
+    """attn_tc with 64-key tiles on one row tile a (batch, KV head) (decoding rows: the
+    key-split kernels, and KS = 1 rows up to 64; each K/V tile read by one block) reads K/V
+    under L2 evict_first up
+    to KV_STREAM_MAX_L2 times the L2's bytes of K/V (batch, KV heads and both head dims
+    counted); no other plan does; force_kv_stream overrides the limit but not the kernel, is
+    part of the plan memo key, and refuses non-bools."""
     h200 = DeviceProps("fake H200", (9, 0), 132, 2048, 232448, 233472, 50 << 20, max_cluster=16)
 
     def limit_keys(dev=H100) -> int:  # B = 1, 8 KV heads, D = 128, 2 bytes
@@ -383,11 +385,15 @@ def test_kv_stream_for_key_split_reads() -> None:
     assert plan(unequal, dv=96).kv_stream and not plan(unequal + 1, dv=96).kv_stream
     assert not plan(16384, lq=1024).kv_stream  # 64-row tiles on warpgroup MMA
     assert not plan(16384, dtype="float32").kv_stream  # the SIMT kernel
-    assert not plan(16384, A100, lq=17).kv_stream  # 68 rows a KV head: attn_tc with KS = 1
+    assert not plan(16384, A100, lq=17).kv_stream  # 68 rows a KV head: two 64-row tiles
     assert plan(16384, A100, lq=17).kernel == a.tc_kernel("cunorm::bf16_t", 128)
+    for dev in (H100, A100):  # one 64-row tile of attn_tc with KS = 1; not on 32-key tiles
+        assert plan(16384, dev, lq=8).kv_stream and not plan(16384, dev, d=256, dv=256).kv_stream
+        assert plan(16384, dev, lq=8).kernel == a.tc_kernel("cunorm::bf16_t", 128)
+    assert not plan(16384, lq=1024).kv_stream and not plan(16384, A100, lq=1024).kv_stream
     with a.force_kv_stream(True):
         assert a.forced_choices() == (None, None, None, None, True)
-        assert plan(65536).kv_stream and not plan(16384, lq=17).kv_stream
+        assert plan(65536).kv_stream and not plan(16384, A100, lq=17).kv_stream
     with a.force_kv_stream(False):
         assert not plan(16384).kv_stream and not plan(4096, h200).kv_stream
     assert a.forced_choices() == (None, None, None, None, None)

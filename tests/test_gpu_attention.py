@@ -857,23 +857,29 @@ def test_clustered_key_splits(rng, dtype, d, lq, lk, causal, masked):
         assert (to_host(got)[0, 1] == 0).all() and np.isneginf(to_host(got_lse)[0, 1]).all()
 
 
-@pytest.mark.parametrize(("lk", "planned"), [(4096, True), (16384, True), (65536, False)])
-def test_kv_stream_reads_change_no_bit(rng, lk, planned):
-    """Decoding's K/V reads under L2 evict_first (_attn_dispatch.kv_stream; cluster decoding
-    at 4096 keys on sm_90, workspace splits at 16384, past the L2 limit at 65536) give the
-    same bits as plain reads, output and lse, and the planner takes them where planned."""
+@pytest.mark.parametrize(("d", "lq", "lk", "planned", "eligible"), [
+    (128, 1, 4096, True, True),     # cluster decoding on sm_90
+    (128, 1, 16384, True, True),    # key splits merged by attn_combine
+    (128, 1, 65536, False, True),   # past the L2 limit
+    (128, 8, 8192, True, True),     # 32 rows a KV head: one 64-row tile, KS = 1
+    (256, 1, 8192, False, False),   # 32-key tiles: never, even forced
+])
+def test_kv_stream_reads_change_no_bit(rng, d, lq, lk, planned, eligible):
+    """Decoding's K/V reads under L2 evict_first (_attn_dispatch.kv_stream) give the same
+    bits as plain reads, output and lse; the planner takes them where planned, and
+    force_kv_stream wherever the plan is eligible."""
     dispatch = importlib.import_module("cunorm._attn_dispatch")
-    q = cupy.asarray(rng.standard_normal((1, 32, 1, 128))).astype(BF16)
-    k, v = (cupy.asarray(rng.standard_normal((1, 8, lk, 128))).astype(BF16) for _ in range(2))
+    q = cupy.asarray(rng.standard_normal((1, 32, lq, d))).astype(BF16)
+    k, v = (cupy.asarray(rng.standard_normal((1, 8, lk, d))).astype(BF16) for _ in range(2))
     out = cupy.empty_like(q)
-    launch = launch_module().prepare(q, k, v, out, causal=False, scale=1 / math.sqrt(128))
-    assert launch.plan.kv_stream == planned and launch.plan.splits > 1
+    launch = launch_module().prepare(q, k, v, out, causal=False, scale=1 / math.sqrt(d))
+    assert launch.plan.kv_stream == planned and launch.plan.row_tiles == 1
     results = {}
     for forced in (None, True, False):
         with dispatch.force_kv_stream(forced):
             assert launch_module().prepare(q, k, v, out, causal=False,
                                            scale=0.5).plan.kv_stream == (
-                planned if forced is None else forced)
+                planned if forced is None else forced and eligible)
             for _ in range(2):  # the first call plans, the second takes the memo
                 got, lse = cunorm.attention(q, k, v, return_lse=True)
             results[forced] = (to_host(got).view(np.uint16), to_host(lse))
