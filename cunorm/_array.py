@@ -364,12 +364,25 @@ def cuda_index(x) -> int:
 
 def torch_launch_stream(dev: int) -> int | None:
     """torch's current stream handle on device ``dev`` if ``dev`` is the current CUDA device,
-    else None: a prepared launch (:mod:`cunorm._driver_launch`) goes to the current device,
-    and the full path switches devices for a tensor on another one."""
-    cupy = _cupy()
-    if cupy is None or dev < 0 or cupy.cuda.runtime.getDevice() != dev:
+    else None: a prepared launch (:mod:`cunorm._driver_launch`) goes to the current device, so
+    a memoized call on tensors of another device runs again under :func:`torch_on_device`."""
+    if sys.modules["cupy"].cuda.runtime.getDevice() != dev:
         return None
     return torch_stream_handle(dev)
+
+
+def torch_on_device(dev: int, fn, *args):
+    """``fn(*args)`` with CUDA device ``dev`` current, switched through torch: torch keeps its
+    own record of the current device, and its allocations restore the device it records, so
+    a switch torch did not see (``cupy.cuda.Device``) was undone by the first ``torch.empty``
+    and the launch after it went to the wrong device (CUDA_ERROR_INVALID_HANDLE). None where
+    torch left the CUDA runtime on another device (the caller's full path then switches)."""
+    import torch
+
+    with torch.cuda.device(dev):
+        if sys.modules["cupy"].cuda.runtime.getDevice() != dev:
+            return None
+        return fn(*args)
 
 
 # (device, CUDA stream handle) -> CuPy stream: a wrapper of the handle only, so one per handle

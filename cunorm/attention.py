@@ -352,17 +352,17 @@ _TORCH_MEMO: dict[tuple, _FastCall] = BoundedCache()
 
 
 def _attention_torch_memo(key: tuple, q, k, v, mask):
-    """The result for CUDA tensors of layouts a call has met before, or None on a miss (or a
-    tensor that requires grad, or another current device: the full path then raises or
-    switches)."""
+    """The result for CUDA tensors of layouts a call has met before, computed with their
+    device current, or None on a miss (or a tensor that requires grad: the full path then
+    raises)."""
     fast = _TORCH_MEMO.get(key)
     if (fast is None or q.requires_grad or k.requires_grad or v.requires_grad
             or (mask is not None and mask.requires_grad)):
         return None
     dev = key[3]  # q's CUDA index
     stream = _array.torch_launch_stream(dev)
-    if stream is None:
-        return None
+    if stream is None:  # the tensors are on another device than the current one
+        return _array.torch_on_device(dev, _attention_torch_memo, key, q, k, v, mask)
     return fast.torch(q, k, v, mask, dev, stream)
 
 

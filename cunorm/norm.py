@@ -250,8 +250,8 @@ def _recipe_key(op, x, weight, bias, axis, eps, return_stats, residual,
 
 def _norm_torch_memo(key, x, weight, bias, residual):
     """The results for CUDA tensors whose layouts a call has met before, launched on their
-    pointers into tensors torch allocates; None on a miss (or a tensor that requires grad, or
-    another current device: the full path then raises or switches)."""
+    pointers into tensors torch allocates, with their device current; None on a miss (or a
+    tensor that requires grad: the full path then raises)."""
     recipe = None if key is None else _TORCH_RECIPES.get(key)
     if recipe is None:
         return None
@@ -260,8 +260,8 @@ def _norm_torch_memo(key, x, weight, bias, residual):
         return None
     dev = key[4]  # (op, x's shape, strides, dtype, device, ...)
     stream = _array.torch_launch_stream(dev)
-    if stream is None:
-        return None
+    if stream is None:  # the tensors are on another device than the current one
+        return _array.torch_on_device(dev, _norm_torch_memo, key, x, weight, bias, residual)
     import torch
 
     call, ldx, ldr, rows, cols = recipe

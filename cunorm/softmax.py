@@ -101,15 +101,15 @@ def _softmax_family(x, axis, dtype, out, log: bool, fname: str):
 
 def _softmax_torch_memo(x, key: tuple):
     """The result for a CUDA tensor whose layout a call has met before, launched on its
-    pointer into a tensor torch allocates, without CuPy views; None on a miss (or a tensor
-    that requires grad, or another current device: the full path then raises or switches)."""
+    pointer into a tensor torch allocates, without CuPy views, with the tensor's device
+    current; None on a miss (or a tensor that requires grad: the full path then raises)."""
     recipe = _TORCH_RECIPES.get(key)
     if recipe is None or x.requires_grad:
         return None
     dev = key[3]
     stream = _array.torch_launch_stream(dev)
-    if stream is None:
-        return None
+    if stream is None:  # the tensor is on another device than the current one
+        return _array.torch_on_device(dev, _softmax_torch_memo, x, key)
     import torch
 
     y = torch.empty(x.shape, dtype=x.dtype, device=dev)  # C-contiguous, as the recipe's y

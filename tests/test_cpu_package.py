@@ -230,6 +230,39 @@ def test_cupy_arrays_run_under_their_device(op, module, inner, monkeypatch) -> N
         assert devices.current == 0
 
 
+def test_torch_memo_switches_device_through_torch(monkeypatch) -> None:
+    """A memoized call on tensors of another device runs with that device made current by
+    torch (whose own record of the current device its allocations restore), leaves the
+    previous device current, and gives up (None: the full path) where torch left the CUDA
+    runtime elsewhere."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from _fakes import CupyDevices
+
+    from cunorm import _array
+
+    devices = CupyDevices()
+    monkeypatch.setitem(sys.modules, "cupy", devices.module)
+    deferred = []
+
+    @contextlib.contextmanager
+    def device(dev: int):
+        prev = devices.current
+        if not deferred:
+            devices.current = dev
+        yield
+        devices.current = prev
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(device=device)))
+    assert _array.torch_launch_stream(1) is None  # device 0 is current
+    assert _array.torch_on_device(1, lambda a: (a, devices.current), "x") == ("x", 1)
+    assert devices.current == 0
+    deferred.append(True)
+    assert _array.torch_on_device(1, lambda: pytest.fail("ran on device 0")) is None
+    assert devices.current == 0
+
+
 # --- bounded per-geometry caches -------------------------------------------------------------
 def test_bounded_cache_drops_the_oldest_entry():
     from cunorm._cache import BoundedCache

@@ -12,6 +12,7 @@ import pytest
 from _gpu import BF16, GPU_MARKS, N_GPUS, cupy  # shared GPU preamble
 
 import cunorm
+from cunorm import _array
 
 pytestmark = [*GPU_MARKS, pytest.mark.skipif(
     N_GPUS < 2, reason="needs two CUDA GPUs: multi-device tests not run")]
@@ -113,9 +114,10 @@ def test_cupy_out_on_another_device_is_refused():
 
 
 @pytest.mark.parametrize("op", ["softmax", "rms_norm", "attention", "attention decode"])
-def test_torch_tensors_compute_on_their_device(op):
+def test_torch_tensors_compute_on_their_device(op, monkeypatch):
     """CUDA tensors on cuda:1 while cuda:0 is torch's current device: results on cuda:1, equal
-    to those made with cuda:1 current (where the tensor memo serves the repeat)."""
+    to those made with cuda:1 current; the repeat takes the tensor memo (no CuPy view) from
+    either device."""
     torch = pytest.importorskip("torch")
     gen = torch.Generator(device=f"cuda:{HOME}").manual_seed(3)
     dev = f"cuda:{HOME}"
@@ -135,11 +137,24 @@ def test_torch_tensors_compute_on_their_device(op):
                 *(torch.randn(1, 8, 20000, 128, device=dev, generator=gen,
                               dtype=torch.bfloat16) for _ in range(2)))
         fn = cunorm.attention
+    # torch made the tensors with the CUDA runtime's device left at 1 while it reports 0 (its
+    # lazy device switch): make 0 current for both, so the calls below find it current
+    cupy.cuda.runtime.setDevice(0)
     assert torch.cuda.current_device() == 0
-    away = [fn(*args) for _ in range(2)]
+    away = [fn(*args)]  # the full path: views, checks, the plan; memoizes the layout
+    real_to_cupy, views = _array.to_cupy, []
+
+    def counting_to_cupy(*a, **kw):
+        views.append(a)
+        return real_to_cupy(*a, **kw)
+
+    monkeypatch.setattr(_array, "to_cupy", counting_to_cupy)
+    away.append(fn(*args))
+    assert torch.cuda.current_device() == 0 and cupy.cuda.runtime.getDevice() == 0
     with torch.cuda.device(HOME):
         home = [fn(*args) for _ in range(2)]
         torch.cuda.synchronize()
+    assert not views  # every repeat took the memo
     assert torch.cuda.current_device() == 0 and cupy.cuda.runtime.getDevice() == 0
     for y in away + home:
         assert y.device == torch.device(dev)
