@@ -132,10 +132,10 @@ TC_CLUSTER = 16
 TC_CLUSTER_MAX_TILES = 4
 #: K/V pipeline stages of attn_tc_cluster (4 stages lost 30% at D = 128, gained 4-10% at D = 64)
 TC_CLUSTER_STAGES = 2
-#: The key-split kernels (decoding) read K/V once, so they read them under L2 evict_first
-#: (attention.cu l2_read_once_policy) where the launch's K/V bytes are at most this many times
-#: the L2: the stream then replaces its own lines and leaves L2's other lines, dirty ones
-#: included, in place, instead of writing them back while it reads. bf16, Lq = 1, 32 / 8
+#: Decoding launches whose K/V tiles each have one reading block (kv_stream) read them under
+#: L2 evict_first (attention.cu l2_read_once_policy) where the launch's K/V bytes are at most
+#: this many times the L2: the stream then replaces its own lines and leaves L2's other lines,
+#: dirty ones included, in place, instead of writing them back while it reads. bf16, Lq = 1, 32 / 8
 #: heads, D = 128, the benchmark's timer (whose flush leaves L2 dirty), one process, plain ->
 #: evict_first (us). H100 (50 MB L2): Lk = 4096 18.5-18.6 -> 17.6-17.7, 8192 26.9-27.9 ->
 #: 25.8-26.0, 16384 42.9-43.2 -> 37.8-38.4, 32768 66.1-66.4 -> 62.2-62.4, 40960 (168 MB)
@@ -144,7 +144,8 @@ TC_CLUSTER_STAGES = 2
 #: 23.7-23.9 -> 21.5-22.7, 16384 33.2-34.6 -> 31.0-32.1, 32768 50.1-51.2 -> 48.6-49.4, 65536
 #: 80.0-80.9 -> 81.5-82.8, 131072 140.0-140.2 -> 146.2-147.2. ncu on the H100 at 16384: the
 #: attention kernel wrote 21.3 MB back to DRAM while it read its 67 MB, 4.8 MB under the
-#: policy, and ran 31.2-31.9 us instead of 35.4-36.7
+#: policy, and ran 31.2-31.9 us instead of 35.4-36.7. With 32 rows a KV head (Lq = 8, KS = 1)
+#: on another H100: 16384 keys 44.6 -> 39.3-40.5 us, 32768 69.1-69.2 -> 64.6
 #: (benchmarks/results/nvidia-h100-2026-11-28-decode-l2-policy-profile.txt).
 KV_STREAM_MAX_L2 = 4
 #: SIMT path: query rows per block (one warp each), keys per tile
