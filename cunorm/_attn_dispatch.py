@@ -289,6 +289,14 @@ def forced_persistent() -> int | None:
     return _FORCED_PERSISTENT.get()
 
 
+def _forced_flag(var: contextvars.ContextVar, fname: str, enabled: bool | None):
+    """``context_value(var, enabled)`` for a forced on / off choice, refusing anything but
+    True, False or None with ``fname`` in the message."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ValueError(f"{fname}(): enabled must be True, False or None, got {enabled!r}")
+    return context_value(var, enabled)
+
+
 @contextlib.contextmanager
 def force_warp_specialized(enabled: bool | None) -> Iterator[None]:
     """Force or forbid the warp-specialized kernel (``attn_ws``) in every warpgroup-MMA plan
@@ -301,10 +309,7 @@ def force_warp_specialized(enabled: bool | None) -> Iterator[None]:
     >>> with force_warp_specialized(False):
     ...     pass  # cunorm.attention(q, k, v) here runs attn_wg on an H100 / H200
     """
-    if enabled is not None and not isinstance(enabled, bool):
-        raise ValueError(f"force_warp_specialized(): enabled must be True, False or None, "
-                         f"got {enabled!r}")
-    with context_value(_FORCED_WS, enabled):
+    with _forced_flag(_FORCED_WS, "force_warp_specialized", enabled):
         yield
 
 
@@ -324,10 +329,7 @@ def force_kv_stream(enabled: bool | None) -> Iterator[None]:
     >>> with force_kv_stream(False):
     ...     pass  # cunorm.attention(q, k, v) here decodes with plain K/V reads
     """
-    if enabled is not None and not isinstance(enabled, bool):
-        raise ValueError(f"force_kv_stream(): enabled must be True, False or None, "
-                         f"got {enabled!r}")
-    with context_value(_FORCED_KV_STREAM, enabled):
+    with _forced_flag(_FORCED_KV_STREAM, "force_kv_stream", enabled):
         yield
 
 
