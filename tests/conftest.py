@@ -1,6 +1,7 @@
 """Shared test setup: make a source checkout importable and give tests a fresh, reported RNG.
 
-Markers (``gpu``, ``nvcc``, ``slow``) are registered in ``pyproject.toml``, not here.
+Markers (``gpu``, ``nvcc``, ``slow``) are registered in ``pyproject.toml``, not here. Tests
+marked ``slow`` hold arrays of 13-20 GB, so they run one at a time across pytest-xdist workers.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,3 +29,21 @@ def rng() -> np.random.Generator:
     seed = int(os.environ.get("CUNORM_TEST_SEED", np.random.SeedSequence().entropy % 2**63))
     print(f"rng seed: {seed} (replay with CUNORM_TEST_SEED={seed})")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(autouse=True)
+def _one_large_array_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Serialize the ``slow`` tests across xdist workers with a file lock: each holds up to
+    20 GB, and several at once ran an 80 GB H100 out of memory (session 64's GPU suite)."""
+    if request.node.get_closest_marker("slow") is None:
+        yield
+        return
+    import fcntl  # POSIX only; the GPU suite runs on Linux
+
+    lock_path = Path(tempfile.gettempdir()) / "cunorm-tests-large-arrays.lock"
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
