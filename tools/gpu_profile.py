@@ -12,7 +12,9 @@ one bf16 forward per head dim (``short-kernels``: forwards on short rows); ``dec
 one decoding call per KV length (for ncu), ``decode-stages`` decoding at each K/V pipeline
 depth of the key-split kernel, ``decode-parts`` a decoding call against a read-only kernel over the
 same bytes, ``decode-dependent`` decoding with the split-KV merge launched as a programmatic
-dependent of the attention kernel and as an ordinary launch after it; ``attention-overhead``
+dependent of the attention kernel and as an ordinary launch after it, ``decode-timeline``
+the blocks and the merge of a decoding call placed in time by globaltimer stamps (built into
+a copy of the sources); ``attention-overhead``
 gives the host and GPU time of a decoding call with a cProfile of it, ``launch-cost`` the
 host time of a CuPy launch by argument list;
 ``norm-variants`` times the norms' block kernels built with other resident-block counts;
@@ -52,8 +54,8 @@ attention built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
 (``attention-persistent``: both on a block per row tile, then this checkout's on the planner's
 persistent grid). The commands live in
-profile_rows.py, profile_norms.py, profile_attention.py and profile_long_rows.py, helpers in
-profile_common.py.
+profile_rows.py, profile_norms.py, profile_attention.py, profile_long_rows.py and
+decode_timeline.py, helpers in profile_common.py.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from __future__ import annotations
 import os
 import sys
 
+import decode_timeline
 import profile_attention as attn
 import profile_long_rows as long
 import profile_norms as norms
@@ -126,7 +129,7 @@ COMMANDS = {
     "attention-overhead": attn.attention_overhead, "launch-cost": attn.launch_cost,
     "decode": attn.decode, "decode-kernels": attn.decode_kernels,
     "decode-stages": attn.decode_stages, "decode-parts": attn.decode_parts,
-    "decode-dependent": attn.decode_dependent,
+    "decode-dependent": attn.decode_dependent, "decode-timeline": decode_timeline.main,
     "mid-blocks": lambda: block_variants(norms.MID_BLOCK_CASES, norms.MID_BLOCK_VARIANTS),
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,
