@@ -119,6 +119,9 @@ def timeline(lk: int = 16384, splits=(None, 16), reps: int = 3) -> None:
     for forced in splits:
         with _attn_dispatch.force_split(forced):
             launch = _attn_launch.prepare(q, k, v, out, causal=False, scale=0.1)
+        if launch.merge is None:  # a cluster launch or a single split: nothing to stamp there
+            raise RuntimeError(f"Lk={lk}, splits={forced}: planned {launch.plan.kernel} "
+                               "without attn_combine")
         rows = launch.plan.splits * launch.part_rows
         work = cupy.empty(rows * (launch.dv + 2), np.float32)
         o_part, stat_part = work.data.ptr, work.data.ptr + rows * launch.dv * 4
