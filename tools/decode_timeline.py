@@ -11,9 +11,9 @@ timeline there in a second Python process, which imports the copy as ``cunorm``:
   the denominator, the weighted rows, the final barrier and its end, through its lse pointer.
 
 Each call runs after the benchmark's timer would run it: a written 256 MB L2 flush, then a
-100 us GPU spin, then the events. Printed: the events' time, the attention blocks' first
-tiles and ends, and when the merge is released and ends after the last attention block. Also
-the merge's phases. bf16, Lq = 1, 32 / 8 heads, D = 128; the planner's split count and 16
+100 us GPU spin, then the events. Printed: the events' time; the attention blocks' first
+tiles, key loops, epilogues and ends; when the merge is released and done after the last
+attention block, and its phases. bf16, Lq = 1, 32 / 8 heads, D = 128; the planner's split count and 16
 splits. Session 64 ran the same steps as scratch scripts
 (`benchmarks/results/nvidia-h100-2026-11-28-decode-timeline-profile.txt`).
 """
@@ -136,7 +136,7 @@ def timeline(lk: int = 16384, splits=(None, 16), reps: int = 3) -> None:
             flush.fill(rep + 1)
             spin((1,), (1,), (np.uint64(100_000),))
             start.record()
-            launch.kernel.fire(stream, pointers, launch.values[1])
+            launch.kernel.fire(stream, pointers, launch.values[int(launch.strides_aligned)])
             launch.merge.fire(stream, (o_part, stat_part, out.data.ptr, merge_stamps.data.ptr),
                               launch.combine_bytes)
             end.record()
@@ -149,13 +149,14 @@ def timeline(lk: int = 16384, splits=(None, 16), reps: int = 3) -> None:
             last = a[:, 3].max()
             phases = np.median(np.diff(m[:, [1, 4, 5, 6, 7, 2]], axis=1), axis=0) / 1e3
             print(f"Lk={lk} splits={launch.plan.splits} rep {rep}: events "
-                  f"{cupy.cuda.get_elapsed_time(start, end) * 1e3:.1f} us; attention: first tile "
-                  f"{_spread(a[:, 1] - a[:, 0])}, block ends {_spread(a[:, 3] - base)}; merge "
-                  f"released +{(m[:, 1].min() - last) / 1e3:.2f}, ends "
-                  f"+{(m[:, 2].max() - last) / 1e3:.2f} after the last attention block; merge "
-                  "phases (max, denominator, rows, barrier, output) "
-                  + " ".join(f"{x:.2f}" for x in phases)
-                  + " (us from the first block's start; min/median/max)", flush=True)
+                  f"{cupy.cuda.get_elapsed_time(start, end) * 1e3:.1f} us; attention blocks "
+                  f"(us, min/median/max): first tile after the start {_spread(a[:, 1] - a[:, 0])},"
+                  f" key loop {_spread(a[:, 2] - a[:, 1])}, epilogue {_spread(a[:, 3] - a[:, 2])},"
+                  f" end after the first start {_spread(a[:, 3] - base)}; merge released "
+                  f"+{(m[:, 1].min() - last) / 1e3:.2f} us and done "
+                  f"+{(m[:, 2].max() - last) / 1e3:.2f} us after the last attention block, its "
+                  "phases (median us: max, denominator, rows, barrier, output) "
+                  + " ".join(f"{x:.2f}" for x in phases), flush=True)
 
 
 def main() -> None:
