@@ -13,8 +13,8 @@ timeline there in a second Python process, which imports the copy as ``cunorm``:
 Each call runs after the benchmark's timer would run it: a written 256 MB L2 flush, then a
 100 us GPU spin, then the events. Printed: the events' time; the attention blocks' first
 tiles, key loops, epilogues and ends; when the merge is released and done after the last
-attention block, and its phases. bf16, Lq = 1, 32 / 8 heads, D = 128; the planner's split count and 16
-splits. Session 64 ran the same steps as scratch scripts
+attention block, and its phases. bf16, Lq = 1, 32 / 8 heads, D = 128; the planner's split
+count and 16 splits. Session 64 ran the same steps as scratch scripts
 (`benchmarks/results/nvidia-h100-2026-11-28-decode-timeline-profile.txt`).
 """
 
