@@ -10,12 +10,12 @@ timeline there in a second Python process, which imports the copy as ``cunorm``:
 * ``attn_combine`` stamps its start, the release of its dependency wait, the statistics' max,
   the denominator, the weighted rows, the final barrier and its end, through its lse pointer.
 
-Each call runs after the benchmark's timer would run it: a written 256 MB L2 flush, then a
-100 us GPU spin, then the events. Printed: the events' time; the attention blocks' first
-tiles, key loops, epilogues and ends; when the merge is released and done after the last
-attention block, and its phases. bf16, Lq = 1, 32 / 8 heads, D = 128; the planner's split
-count and 16 splits. Session 64 ran the same steps as scratch scripts
-(`benchmarks/results/nvidia-h100-2026-11-28-decode-timeline-profile.txt`).
+Each call runs as the benchmark's timer runs it: after that timer's own flush (a written
+256 MB L2 flush, then PAD_US of GPU spin), between two events. Printed: the events' time;
+the attention blocks' first tiles, key loops, epilogues and ends; when the merge is released
+and done after the last attention block, and its phases. bf16, Lq = 1, 32 / 8 heads,
+D = 128; the planner's split count and 16 splits. Session 64 ran the same steps as scratch
+scripts (`benchmarks/results/nvidia-h100-2026-11-28-decode-timeline-profile.txt`).
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def timeline(lk: int = 16384, splits=(None, 16), reps: int = 3) -> None:
 
     import cunorm
     from cunorm import _attn_dispatch, _attn_launch
+    from cunorm.bench.timing import PAD_US, CupyEventTimer
 
     if "cunorm-timeline" not in cunorm.__file__:
         raise RuntimeError(f"cunorm comes from {cunorm.__file__}, not the stamped copy")
@@ -110,11 +111,8 @@ def timeline(lk: int = 16384, splits=(None, 16), reps: int = 3) -> None:
     k, v = (cupy.random.standard_normal((1, 8, lk, 128), dtype=np.float32).astype("bfloat16")
             for _ in range(2))
     out = cupy.empty_like(q)
-    flush = cupy.empty(256 * 2**20, np.uint8)
-    spin = cupy.RawKernel(r"""extern "C" __global__ void spin(unsigned long long ns) {
-  unsigned long long t0, t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns); }""",
-                          "spin")
+    # the benchmark's own flush and spin, so each stamped call starts as a timed one does
+    bench_timer = CupyEventTimer(pad_us=PAD_US)
     stream = cupy.cuda.get_current_stream().ptr
     for forced in splits:
         with _attn_dispatch.force_split(forced):
@@ -133,8 +131,7 @@ def timeline(lk: int = 16384, splits=(None, 16), reps: int = 3) -> None:
         for rep in range(reps):
             attn_stamps.fill(0)
             merge_stamps.fill(0)
-            flush.fill(rep + 1)
-            spin((1,), (1,), (np.uint64(100_000),))
+            bench_timer._flush()
             start.record()
             launch.kernel.fire(stream, pointers, launch.values[int(launch.strides_aligned)])
             launch.merge.fire(stream, (o_part, stat_part, out.data.ptr, merge_stamps.data.ptr),
