@@ -723,5 +723,4 @@ def test_more_than_2_31_elements(rows, cols, path):
         y = cunorm.softmax(x, out=x)  # in place: 2^31+ fp16 elements, one buffer
     after = cupy.asnumpy(y[picks])
     assert rel_err(after, reference(before, -1, False)) <= TOL["float16"]
-    del x, y
-    cupy.get_default_memory_pool().free_all_blocks()
+    # (conftest frees the arrays after the test, as for every test marked slow)
