@@ -4,6 +4,9 @@ DESIGN section 3's error bounds."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -37,3 +40,26 @@ def spy_launches(monkeypatch) -> list[tuple[str, tuple, int]]:
 
     monkeypatch.setattr(_driver_launch.KernelLaunch, "fire", spy)
     return launched
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Inside, every CuPy allocation comes back filled with 0xFF bytes: NaN in each float
+    dtype. An output element that no kernel writes then reads NaN, where a fresh array
+    would hold whatever its recycled pool block last held (often the previous call's
+    result, which a comparison of two calls cannot tell from a written one)."""
+    pool = cupy.get_default_memory_pool()
+
+    def malloc(size: int):
+        mem = pool.malloc(size)
+        if size:
+            cupy.cuda.runtime.memsetAsync(mem.ptr, 0xFF, size,
+                                          cupy.cuda.get_current_stream().ptr)
+        return mem
+
+    previous = cupy.cuda.get_allocator()
+    cupy.cuda.set_allocator(malloc)
+    try:
+        yield
+    finally:
+        cupy.cuda.set_allocator(previous)

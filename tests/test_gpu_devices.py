@@ -84,8 +84,24 @@ def test_cupy_arrays_compute_on_their_device(op):
     # the results are the op's, not just the same bits twice
     with cupy.cuda.Device(HOME):
         y = cupy.asnumpy(home[0]).astype(np.float64)
-    if op == "softmax":
-        np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-5)
+    if op in ("softmax", "log_softmax"):
+        x = host["x"].astype(np.float64)
+        z = x - x.max(axis=-1, keepdims=True)
+        ref = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        if op == "softmax":
+            ref = np.exp(ref)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+    elif op == "layer_norm":  # of h = x + r, rounded to bfloat16 as the op's second result
+        h = host["x"].astype(np.float64) + host["residual"].astype(np.float64)
+        h = h.astype(BF16).astype(np.float64)
+        with cupy.cuda.Device(HOME):
+            np.testing.assert_array_equal(cupy.asnumpy(home[1]).astype(np.float64), h)
+        mean = h.mean(axis=-1, keepdims=True)
+        rstd = 1 / np.sqrt(((h - mean) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+        w, b = (host[n].astype(np.float64) for n in ("weight", "bias"))
+        ref = (h - mean) * rstd * w + b
+        # DESIGN section 3's bound for bfloat16, relative to each row's largest value
+        assert (np.abs(y - ref).max(axis=-1) / np.abs(ref).max(axis=-1)).max() <= 1.6e-2
     elif op == "rms_norm":
         x = host["x"].astype(np.float64)
         ref = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6) * host["weight"]
