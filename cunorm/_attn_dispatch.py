@@ -360,8 +360,24 @@ TC_TILES = {32: (64, 1), 64: (64, 1), 96: (64, 1), 128: (64, 1), 160: (32, 1), 1
             224: (32, 1), 256: (32, 1)}
 
 
-def tc_block_n(dp: int) -> int:
-    """Keys per tile of the tensor-core kernel (TC_TILES)."""
+#: keys per tile of attn_tc's key-split kernel (decoding, KS = 4; not attn_tc_cluster) on
+#: sm_90, by padded head dim, where it differs from TC_TILES. Each warp takes 32 keys of a
+#: tile instead of 16, so a tile's barrier, wait and softmax rescale serve twice the bytes.
+#: The two stages' 131 KB leave one block an SM (16 splits for 8 KV heads, against 43-49 of
+#: the 64-key kernel), and it still decodes faster. H200, bf16, 32 / 8 heads, B = 1, the
+#: benchmark's timer, 3 rounds a process each, medians: Lk = 8192 21.8-22.2 -> 21.2-22.0 us,
+#: 16384 31.2-31.4 -> 30.2-30.9, 32768 48.2-48.9 -> 47.5-48.3, 131072 138.6-139.3 ->
+#: 137.1-137.5 (at 4096 the cluster kernel stays: 16.0 against 16.6-17.4); at D = 64 the
+#: wide tile measured -1% to +2% (benchmarks/results/nvidia-h200-2026-11-28-decode-tile-
+#: profile.txt). torch SDPA's cuDNN decoding kernel also takes 128-key tiles.
+TC_KEY_SPLIT_TILES = {128: 128}
+
+
+def tc_block_n(dp: int, ks: int = 1, arch: int = 0) -> int:
+    """Keys per tile of the tensor-core kernel: TC_TILES, or on sm_90 with key split ``ks``
+    > 1 TC_KEY_SPLIT_TILES where it lists ``dp``."""
+    if ks > 1 and arch >= 90:
+        return TC_KEY_SPLIT_TILES.get(dp, TC_TILES[dp][0])
     return TC_TILES[dp][0]
 
 
@@ -386,9 +402,11 @@ def tc_stages(ks: int = 1) -> int:
     return TC_KEY_SPLIT_STAGES if ks > 1 else TC_STAGES
 
 
-def tc_kernel(ctype: str, dp: int, ks: int = 1) -> str:
-    return (f"cunorm::attn_tc<{ctype}, {dp}, {tc_block_n(dp)}, {tc_row_tiles_per_warp(dp)}, "
-            f"{ks}, {tc_stages(ks)}>")
+def tc_kernel(ctype: str, dp: int, ks: int = 1, arch: int = 0) -> str:
+    """``attn_tc`` for padded head dim ``dp`` and key split ``ks`` on compute capability
+    ``arch`` (its key tile: :func:`tc_block_n`)."""
+    return (f"cunorm::attn_tc<{ctype}, {dp}, {tc_block_n(dp, ks, arch)}, "
+            f"{tc_row_tiles_per_warp(dp)}, {ks}, {tc_stages(ks)}>")
 
 
 def tc_cluster_kernel(ctype: str, dp: int) -> str:
@@ -417,11 +435,12 @@ def tc_cluster(props: DeviceProps, dp: int, ks: int, splits: int, key_tiles: int
     return 1
 
 
-def tc_smem(dp: int, ks: int = 1, stages: int | None = None) -> int:
-    """Shared memory of ``attn_tc``: the Q tile and the stages of K and V tiles (16-bit);
-    ``stages`` (default :func:`tc_stages`) for ``attn_tc_cluster``."""
+def tc_smem(dp: int, ks: int = 1, stages: int | None = None, arch: int = 0) -> int:
+    """Shared memory of ``attn_tc`` on ``arch``: the Q tile and the stages of K and V tiles
+    (16-bit); ``stages`` (default :func:`tc_stages`) for ``attn_tc_cluster``, whose tiles
+    are TC_TILES'."""
     stages = tc_stages(ks) if stages is None else stages
-    return (tc_block_m(dp, ks) + 2 * stages * tc_block_n(dp)) * dp * 2
+    return (tc_block_m(dp, ks) + 2 * stages * tc_block_n(dp, ks, arch)) * dp * 2
 
 
 def simt_smem(d: int, dv: int, itemsize: int) -> int:
@@ -540,8 +559,9 @@ def uses_wgmma(dtype: str, d: int, dv: int, rows: int, arch: int,
 
 def kv_stream(one_reader: bool, kv_bytes: int, l2_bytes: int) -> bool:
     """Whether a launch reads its ``kv_bytes`` of K/V under L2 evict_first: where each K/V
-    tile has ``one_reader`` (``attn_tc`` or ``attn_tc_cluster`` with 64-key tiles on one row
-    tile a batch and KV head: decoding rows, every key split of which one block reads), up to
+    tile has ``one_reader`` (``attn_tc`` or ``attn_tc_cluster`` with tiles of 64 keys or more
+    on one row tile a batch and KV head: decoding rows, every key split of which one block
+    reads), up to
     :data:`KV_STREAM_MAX_L2` times the L2, unless :func:`force_kv_stream` says otherwise.
 
     Examples
@@ -654,10 +674,10 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
             threads, bm = ws_threads(dp), ws_rows(dp)
     elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
-        bn = tc_block_n(dp)
         ks = tc_key_split(dp, rows)
-        kernel = tc_kernel(ctype, dp, ks)
-        smem, threads, bm = tc_smem(dp, ks), TC_THREADS, tc_block_m(dp, ks)
+        bn = tc_block_n(dp, ks, props.arch)
+        kernel = tc_kernel(ctype, dp, ks, props.arch)
+        smem, threads, bm = tc_smem(dp, ks, arch=props.arch), TC_THREADS, tc_block_m(dp, ks)
     else:
         bn = SIMT_BLOCK_N
         kernel = f"cunorm::attn_simt<{ctype}, {_cdiv(dv, 32)}>"
@@ -678,7 +698,8 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     if splits is None:
         splits = choose_splits(row_blocks, _cdiv(lk, bn), resident)
         if kernel.startswith("cunorm::attn_tc<"):
-            cluster = tc_cluster(props, dp, ks, splits, _cdiv(lk, bn))
+            # (counted in the cluster kernel's own tiles, which may be narrower)
+            cluster = tc_cluster(props, dp, ks, splits, _cdiv(lk, tc_block_n(dp)))
             if cluster > 1:
                 kernel, splits = tc_cluster_kernel(ctype, dp), cluster
                 smem = tc_smem(dp, ks, TC_CLUSTER_STAGES)
@@ -689,9 +710,10 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         blocks = min(row_blocks, resident)
     if splits == 1 and kernel.startswith("cunorm::attn_wg"):
         blocks = wg_blocks(dp, groups, lk, causal, row_blocks, resident, forced_persistent())
-    # (64-key tiles only: at head dims 160-256, 32-key tiles, D = 256 decoding measured -2% to
-    # +2% with the policy on an H100, where 32 rows a KV head at D = 128 gained 7-12%)
-    one_reader = (row_tiles == 1 and bn == 64
+    # (tiles of 64 keys or more: at head dims 160-256, 32-key tiles, D = 256 decoding
+    # measured -2% to +2% with the policy on an H100, where 32 rows a KV head at D = 128
+    # gained 7-12%)
+    one_reader = (row_tiles == 1 and bn >= 64
                   and kernel.startswith(("cunorm::attn_tc<", "cunorm::attn_tc_cluster<")))
     stream = kv_stream(one_reader, batch * hkv * lk * (d + dv) * ITEMSIZE[dtype], props.l2_bytes)
     return AttnPlan(kernel, f"cunorm::attn_combine<{ctype}>", (blocks, 1, splits), threads,
@@ -705,7 +727,7 @@ def all_kernel_names(arch: int) -> list[str]:
     for dtype in TC_DTYPES:
         ctype = CTYPE[dtype]
         names += [tc_kernel(ctype, dp) for dp in TC_TILES]
-        names += [tc_kernel(ctype, dp, TC_KEY_SPLIT) for dp in TC_TILES
+        names += [tc_kernel(ctype, dp, TC_KEY_SPLIT, arch) for dp in TC_TILES
                   if tc_key_split(dp, 1) > 1]
         if arch == 90:
             for masked in (False, True):

@@ -284,9 +284,9 @@ def test_key_split_for_decoding(d: int, lq: int, group: int, ks: int) -> None:
         p = a.plan_attention("float16", d, d, lq, 4096, 2, 8, group, dev, occ2, splits=1)
         dp = a.padded_head_dim(d, d)
         stages = a.TC_KEY_SPLIT_STAGES if ks > 1 else 2
-        assert p.kernel == a.tc_kernel("cunorm::half_t", dp, ks)
+        assert p.kernel == a.tc_kernel("cunorm::half_t", dp, ks, dev.arch)
         assert p.kernel.endswith(f", {ks}, {stages}>")
-        assert p.smem == ((64 // ks) + 2 * stages * a.tc_block_n(dp)) * dp * 2
+        assert p.smem == ((64 // ks) + 2 * stages * a.tc_block_n(dp, ks, dev.arch)) * dp * 2
         assert p.row_tiles == -(-lq * group // (64 // ks))
         assert p.kernel in a.all_kernel_names(dev.arch)
 
@@ -300,7 +300,9 @@ def test_grouped_query_rows_are_flattened() -> None:
 
 def test_split_kv_when_rows_cannot_fill_the_gpu() -> None:
     decode = a.plan_attention("float16", 128, 128, 1, 131072, 1, 8, 4, H100, occ2)
-    assert decode.splits == a.choose_splits(8, 131072 // 64, 264) == 33
+    # 128-key tiles (TC_KEY_SPLIT_TILES) on sm_90
+    assert decode.splits == a.choose_splits(8, 131072 // 128, 264) == 32
+    assert decode.kernel == "cunorm::attn_tc<cunorm::half_t, 128, 128, 1, 4, 2>"
     prefill = a.plan_attention("float16", 128, 128, 4096, 4096, 4, 16, 1, H100, occ2)
     assert prefill.splits == 1
     short = a.plan_attention("float16", 64, 64, 1, 100, 1, 1, 1, H100, occ2)
@@ -344,12 +346,13 @@ def test_cluster_merges_decoding_splits(monkeypatch) -> None:
     assert decode.kernel in a.all_kernel_names(90)
     assert decode.kernel not in a.all_kernel_names(80)
     unsplit = a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, H100, occ2)
-    assert unsplit.cluster == 1 and unsplit.splits > a.TC_CLUSTER and unsplit.needs_combine
+    assert unsplit.cluster == 1 and unsplit.needs_combine
+    assert unsplit.kernel == a.tc_kernel("cunorm::bf16_t", 128, a.TC_KEY_SPLIT, 90)
     with a.force_split(16):
         forced = a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, h200, occ2)
-    assert forced.cluster == 1 and forced.kernel == a.tc_kernel("cunorm::bf16_t", 128, 4)
+    assert forced.cluster == 1 and forced.kernel == a.tc_kernel("cunorm::bf16_t", 128, 4, 90)
     long = a.plan_attention("bfloat16", 128, 128, 1, 4160, 1, 8, 4, h200, occ2)  # 65 tiles
-    assert long.cluster == 1 and long.splits > a.TC_CLUSTER
+    assert long.cluster == 1 and long.needs_combine
     batched = a.plan_attention("bfloat16", 128, 128, 1, 4096, 32, 8, 4, h200, occ2)
     assert batched.cluster == 1 and batched.splits < a.TC_CLUSTER
     assert a.plan_attention("float32", 128, 128, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
@@ -359,7 +362,7 @@ def test_cluster_merges_decoding_splits(monkeypatch) -> None:
 
 
 def test_kv_stream_where_one_block_reads_each_kv_tile() -> None:
-    """attn_tc with 64-key tiles on one row tile a (batch, KV head) (decoding rows: the
+    """attn_tc with tiles of 64 keys or more on one row tile a (batch, KV head) (decoding: the
     key-split kernels, and KS = 1 rows up to 64; each K/V tile read by one block) reads K/V
     under L2 evict_first up
     to KV_STREAM_MAX_L2 times the L2's bytes of K/V (batch, KV heads and both head dims
