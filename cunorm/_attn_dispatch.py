@@ -375,8 +375,9 @@ TC_KEY_SPLIT_TILES = {128: 128}
 
 def tc_block_n(dp: int, ks: int = 1, arch: int = 0) -> int:
     """Keys per tile of the tensor-core kernel: TC_TILES, or on sm_90 with key split ``ks``
-    > 1 TC_KEY_SPLIT_TILES where it lists ``dp``."""
-    if ks > 1 and arch >= 90:
+    > 1 TC_KEY_SPLIT_TILES where it lists ``dp`` (measured on Hopper only; other parts,
+    some with less shared memory than its 131 KB, keep TC_TILES)."""
+    if ks > 1 and arch == 90:
         return TC_KEY_SPLIT_TILES.get(dp, TC_TILES[dp][0])
     return TC_TILES[dp][0]
 

@@ -291,6 +291,15 @@ def test_key_split_for_decoding(d: int, lq: int, group: int, ks: int) -> None:
         assert p.kernel in a.all_kernel_names(dev.arch)
 
 
+def test_decoding_key_tiles() -> None:
+    """The key-split kernel takes TC_KEY_SPLIT_TILES' 128-key tiles at head dim 128 on sm_90
+    only: not at other head dims, not without the key split, not on other parts."""
+    assert a.tc_block_n(128, a.TC_KEY_SPLIT, 90) == 128
+    assert a.tc_block_n(64, a.TC_KEY_SPLIT, 90) == a.tc_block_n(128, 1, 90) == 64
+    assert a.tc_block_n(128, a.TC_KEY_SPLIT, 80) == a.tc_block_n(128, a.TC_KEY_SPLIT, 100) == 64
+    assert a.tc_smem(128, a.TC_KEY_SPLIT, arch=90) == (16 + 2 * 2 * 128) * 128 * 2  # 131 KB + Q
+
+
 def test_grouped_query_rows_are_flattened() -> None:
     """G query heads x Lq rows per KV head share a row tile: decoding with 8 query heads per
     KV head is one tile per (batch, KV head)."""
