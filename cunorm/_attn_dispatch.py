@@ -103,9 +103,10 @@ WS_TILES: dict[int, tuple[int, int, int, int]] = {64: (128, 2, 2, 2), 128: (128,
 TC_BLOCK_M = 64
 TC_THREADS = 128
 #: key split (attn_tc's KS): with at most this many query rows per KV head (decoding), the 4
-#: warps share one 16-row tile and split each key tile 4 ways (16 keys each, so only where
-#: BN = 64). Measured on an H200 (bf16 decoding, 32 / 8 heads, D = 128): at Lk = 16384 the
-#: kernel with 4 warps on 64-row tiles ran at 29% of DRAM bandwidth (ncu; 12.5% occupancy,
+#: warps share one 16-row tile and split each key tile 4 ways (16 keys each where BN = 64,
+#: 32 on TC_KEY_SPLIT_TILES' 128-key tiles; not on 32-key tiles). Measured on an H200 (bf16
+#: decoding, 32 / 8 heads, D = 128): at Lk = 16384 the kernel with 4 warps on 64-row tiles
+#: ran at 29% of DRAM bandwidth (ncu; 12.5% occupancy,
 #: 7.1 cycles per issued instruction): three warps computed on padding rows while the
 #: block's one K/V tile in flight waited.
 TC_KEY_SPLIT = 4
@@ -127,7 +128,9 @@ TC_KEY_SPLIT_STAGES = 2
 #: D = 128 16.1-16.4 against 17.0-18.0, D = 64 13.1 against 14.4-14.6; Lk = 8192 D = 128
 #: 22.9-23.1 against 22.7-23.7. Longer rows lost (16384: 36.0 against 32.4-33.9; 131072: 165
 #: against 140): 16 splits of 8 row tiles are one block an SM, too few loads in flight
-#: (benchmarks/results/nvidia-h200-2026-11-27-decode-cluster-profile.txt). 0 turns it off.
+#: (benchmarks/results/nvidia-h200-2026-11-27-decode-cluster-profile.txt), at least on 64-key
+#: tiles: the 128-key key-split kernel (TC_KEY_SPLIT_TILES) runs one block an SM and is the
+#: fastest there. The rule counts the 64-key kernel's tiles and slots. 0 turns it off.
 TC_CLUSTER = 16
 TC_CLUSTER_MAX_TILES = 4
 #: K/V pipeline stages of attn_tc_cluster (4 stages lost 30% at D = 128, gained 4-10% at D = 64)
@@ -676,9 +679,9 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
         ks = tc_key_split(dp, rows)
-        bn = tc_block_n(dp, ks, props.arch)
-        kernel = tc_kernel(ctype, dp, ks, props.arch)
-        smem, threads, bm = tc_smem(dp, ks, arch=props.arch), TC_THREADS, tc_block_m(dp, ks)
+        bn = tc_block_n(dp)
+        kernel = tc_kernel(ctype, dp, ks)
+        smem, threads, bm = tc_smem(dp, ks), TC_THREADS, tc_block_m(dp, ks)
     else:
         bn = SIMT_BLOCK_N
         kernel = f"cunorm::attn_simt<{ctype}, {_cdiv(dv, 32)}>"
@@ -692,6 +695,7 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
         raise ValueError(f"attention grid too large: {row_blocks} blocks")
     if splits is None:
         splits = forced_split()
+    forced_splits = splits is not None
     resident = props.sm_count * max(1, occ(kernel, threads, smem))
     cluster = 1
     if ws:
@@ -699,11 +703,21 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
     if splits is None:
         splits = choose_splits(row_blocks, _cdiv(lk, bn), resident)
         if kernel.startswith("cunorm::attn_tc<"):
-            # (counted in the cluster kernel's own tiles, which may be narrower)
-            cluster = tc_cluster(props, dp, ks, splits, _cdiv(lk, tc_block_n(dp)))
+            cluster = tc_cluster(props, dp, ks, splits, _cdiv(lk, bn))
             if cluster > 1:
                 kernel, splits = tc_cluster_kernel(ctype, dp), cluster
                 smem = tc_smem(dp, ks, TC_CLUSTER_STAGES)
+    if (cluster == 1 and kernel.startswith("cunorm::attn_tc<")
+            and tc_block_n(dp, ks, props.arch) != bn
+            and tc_smem(dp, ks, arch=props.arch) <= props.smem_per_block_optin):
+        # Decoding's wider key tiles (TC_KEY_SPLIT_TILES), once the cluster rule has been
+        # asked with the 64-key kernel's tiles and slots, as measured; the split count
+        # follows the wide kernel's own slots (one block an SM at D = 128)
+        bn = tc_block_n(dp, ks, props.arch)
+        kernel, smem = tc_kernel(ctype, dp, ks, props.arch), tc_smem(dp, ks, arch=props.arch)
+        if not forced_splits:
+            resident = props.sm_count * max(1, occ(kernel, threads, smem))
+            splits = choose_splits(row_blocks, _cdiv(lk, bn), resident)
     blocks = row_blocks
     if ws and not (causal and lk > WG_PERSISTENT_MAX_KEYS):
         # a persistent grid but for long causal rows, as attn_wg's (WG_PERSISTENT_MAX_KEYS):
@@ -728,8 +742,11 @@ def all_kernel_names(arch: int) -> list[str]:
     for dtype in TC_DTYPES:
         ctype = CTYPE[dtype]
         names += [tc_kernel(ctype, dp) for dp in TC_TILES]
-        names += [tc_kernel(ctype, dp, TC_KEY_SPLIT, arch) for dp in TC_TILES
+        names += [tc_kernel(ctype, dp, TC_KEY_SPLIT) for dp in TC_TILES
                   if tc_key_split(dp, 1) > 1]
+        # decoding's wide key tiles; the 64-key kernel also sizes its cluster rule
+        names += [tc_kernel(ctype, dp, TC_KEY_SPLIT, arch) for dp in TC_KEY_SPLIT_TILES
+                  if tc_block_n(dp, TC_KEY_SPLIT, arch) != tc_block_n(dp)]
         if arch == 90:
             for masked in (False, True):
                 names += [wg_kernel(ctype, dp, groups, masked) for dp, groups in WG_TILES]

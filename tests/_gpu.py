@@ -57,9 +57,5 @@ def poisoned_allocations() -> Iterator[None]:
                                           cupy.cuda.get_current_stream().ptr)
         return mem
 
-    previous = cupy.cuda.get_allocator()
-    cupy.cuda.set_allocator(malloc)
-    try:
+    with cupy.cuda.using_allocator(malloc):  # this thread's, restored on the way out
         yield
-    finally:
-        cupy.cuda.set_allocator(previous)

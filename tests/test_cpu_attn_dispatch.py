@@ -366,6 +366,18 @@ def test_cluster_merges_decoding_splits(monkeypatch) -> None:
     assert batched.cluster == 1 and batched.splits < a.TC_CLUSTER
     assert a.plan_attention("float32", 128, 128, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
     assert a.plan_attention("bfloat16", 160, 160, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
+    # Blocks an SM by shared memory, as on an H200: the cluster rule is asked with the 64-key
+    # kernel's three blocks an SM, not the 128-key kernel's one, so every decoding row it
+    # took before the wide tiles it still takes; longer rows take the wide tiles.
+    def occ_by_smem(kernel, block, smem):
+        return 1 if smem > 116 * 1024 else 3
+
+    for lk, batch in ((2048, 1), (3000, 1), (4096, 1), (2048, 2), (4096, 3)):
+        p = a.plan_attention("bfloat16", 128, 128, 1, lk, batch, 8, 4, h200, occ_by_smem)
+        assert p.cluster == 16 and p.kernel == a.tc_cluster_kernel("cunorm::bf16_t", 128), lk
+    wide = a.plan_attention("bfloat16", 128, 128, 1, 8192, 1, 8, 4, h200, occ_by_smem)
+    assert wide.cluster == 1 and wide.splits == 16 and wide.smem == a.tc_smem(128, 4, arch=90)
+    assert wide.kernel == "cunorm::attn_tc<cunorm::bf16_t, 128, 128, 1, 4, 2>"
     monkeypatch.setattr(a, "TC_CLUSTER", 0)
     assert a.plan_attention("bfloat16", 128, 128, 1, 4096, 1, 8, 4, h200, occ2).cluster == 1
 
@@ -450,8 +462,10 @@ def test_kernel_files_and_names() -> None:
         # attn_tc_cluster: the key-split head dims a cluster's blocks divide (sm_90)
         cluster = 2 * sum(bn == 64 and dp % a.TC_CLUSTER == 0
                           for dp, (bn, _) in a.TC_TILES.items()) if arch == 90 else 0
+        # attn_tc KS = 4 with TC_KEY_SPLIT_TILES' wider tiles (sm_90)
+        wide = 2 * len(a.TC_KEY_SPLIT_TILES) if arch == 90 else 0
         assert len(names) == len(set(names)) == 2 * (len(a.TC_TILES) + key_split) + wg \
-            + cluster + 2 * 8 + 4
+            + cluster + wide + 2 * 8 + 4
         assert all(_dispatch.kernel_file(n) == "attention.cu" for n in names)
         assert set(names) <= set(_dispatch.all_kernel_names(arch))
 

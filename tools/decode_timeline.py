@@ -14,8 +14,10 @@ Each call runs as the benchmark's timer runs it: after that timer's own flush (a
 256 MB L2 flush, then PAD_US of GPU spin), between two events. Printed: the events' time;
 the attention blocks' first tiles, key loops, epilogues and ends; when the merge is released
 and done after the last attention block, and its phases. bf16, Lq = 1, 32 / 8 heads,
-D = 128; the planner's split count and 16 splits. Session 64 ran the same steps as scratch
-scripts (`benchmarks/results/nvidia-h100-2026-11-28-decode-timeline-profile.txt`).
+D = 128; the planner's split count (``timeline(splits=...)`` forces others; since session
+65's 128-key tiles the planner itself takes 16 splits at 16384 keys, the count session 64
+forced for comparison). Session 64 ran the same steps as scratch scripts
+(`benchmarks/results/nvidia-h100-2026-11-28-decode-timeline-profile.txt`).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _spread(values, scale: float = 1e3) -> str:
     return "/".join(f"{np.percentile(values, p) / scale:.1f}" for p in (0, 50, 100))
 
 
-def timeline(lk: int = 16384, splits=(None, 16), reps: int = 3) -> None:
+def timeline(lk: int = 16384, splits=(None,), reps: int = 3) -> None:
     """The stamped calls (in the process that imports the stamped copy)."""
     import cupy
     import numpy as np
