@@ -565,8 +565,8 @@ def kv_stream(one_reader: bool, kv_bytes: int, l2_bytes: int) -> bool:
     """Whether a launch reads its ``kv_bytes`` of K/V under L2 evict_first: where each K/V
     tile has ``one_reader`` (``attn_tc`` or ``attn_tc_cluster`` with tiles of 64 keys or more
     on one row tile a batch and KV head: decoding rows, every key split of which one block
-    reads), up to
-    :data:`KV_STREAM_MAX_L2` times the L2, unless :func:`force_kv_stream` says otherwise.
+    reads), up to :data:`KV_STREAM_MAX_L2` times the L2, unless :func:`force_kv_stream` says
+    otherwise.
 
     Examples
     --------
@@ -678,8 +678,8 @@ def plan_attention(dtype: str, d: int, dv: int, lq: int, lk: int, batch: int, hk
             threads, bm = ws_threads(dp), ws_rows(dp)
     elif dtype in TC_DTYPES:
         dp = padded_head_dim(d, dv)
-        ks = tc_key_split(dp, rows)
         bn = tc_block_n(dp)
+        ks = tc_key_split(dp, rows)
         kernel = tc_kernel(ctype, dp, ks)
         smem, threads, bm = tc_smem(dp, ks), TC_THREADS, tc_block_m(dp, ks)
     else:
