@@ -76,6 +76,25 @@ def can_force(path: str, cols: int, dtype) -> bool:
     return True
 
 
+def strided_cached_fits(shape: tuple[int, int, int], dtype, op: str = "softmax") -> bool:
+    """Whether the cached strided path can hold axis 1 of a fresh contiguous (outer, dim,
+    inner) array of ``dtype`` on device 0: asks the planner itself with the pack alignment the
+    call finds (16 elements, narrowed by the strides inner and dim * inner: softmax._Recipe;
+    fresh allocations are aligned) and, as :func:`can_force`, an occupancy oracle that lets
+    every block fit. A forced "strided-cached" call is then refused exactly when this is
+    False."""
+    outer, dim, inner = shape
+    name = np.dtype(dtype).name
+    bits = 16 | inner | dim * inner
+    try:
+        _dispatch.plan_strided(op, name, name, outer, dim, inner, bits & -bits,
+                               cunorm._device.device_props(0), lambda kernel, block, smem: 1,
+                               force="strided-cached")
+    except ValueError:
+        return False
+    return True
+
+
 # --- every path on the same inputs at every boundary ------------------------------------
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -300,23 +319,32 @@ def test_axes(op, dtype, shape, axis):
 @pytest.mark.parametrize("path", ["strided-cached", "strided"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("shape", [(3, 17, 33), (2, 64, 256), (5, 1000, 8), (1, 3, 4096),
-                                   (2, 4096, 256), (2, 8192, 64), (2, 20000, 64)])
+                                   (2, 4096, 256), (2, 8192, 64), (2, 17408, 64),
+                                   (2, 20000, 64)])
 @pytest.mark.parametrize("grid", ["one-tile", "few-blocks"])
 def test_strided_paths(path, dtype, shape, grid):
     """Every strided kernel on the same inputs; "few-blocks" caps the grid at 8 blocks so
     each block (or cluster) loops over many tiles, reusing its shared memory and mail. On
-    sm_90 (2, 8192, 64) is cached on a cluster in one-sector tiles and (2, 20000, 64) read
-    twice on a cluster."""
+    sm_90 (2, 8192, 64) is cached on a cluster in one-sector tiles; (2, 17408, 64), the
+    longest dim the cached path holds there, fills each block of a cluster of 8 to
+    STRIDED_SLICE_MAX_BYTES (2176 rows of a 32-byte tile, 128 of them held in registers:
+    64 KB of shared memory); (2, 20000, 64) is read twice on a cluster, and forcing the
+    cached path on it is refused. Without clusters (one block, one slice) the cached path
+    refuses this test's dims from 4096 on. Which dims fit is the planner's answer
+    (:func:`strided_cached_fits`): a fitting one must compute the softmax, a refused one
+    must raise the planner's error before anything is written."""
     x, xh = random_input(shape, dtype, seed=11)
     ref = reference(xh, 1, False)
     out = cupy.full(shape, np.nan, dtype=dtype)
     consts = {"MAX_GRID": 8} if grid == "few-blocks" else {}
-    try:
-        with _dispatch.force_path(path), _dispatch.override_constants(consts):
+    if path == "strided-cached" and not strided_cached_fits(shape, dtype):
+        with pytest.raises(ValueError, match=f"cannot cache dim={shape[1]} "), \
+                _dispatch.force_path(path), _dispatch.override_constants(consts):
             cunorm.softmax(x, axis=1, out=out)
-    except ValueError as err:  # the cached path cannot hold every dim
-        assert path == "strided-cached" and "cache" in str(err)
+        assert bool(cupy.isnan(out).all())  # refused at plan time: nothing written
         return
+    with _dispatch.force_path(path), _dispatch.override_constants(consts):
+        cunorm.softmax(x, axis=1, out=out)
     y = cupy.asnumpy(out).astype(np.float64)
     assert not np.isnan(y).any()
     assert rel_err(y.transpose(0, 2, 1).reshape(-1, shape[1]),
@@ -400,7 +428,7 @@ def test_special_values(op, dtype, cols):
 @pytest.mark.parametrize("path", ["strided-cached", "strided"])
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("dim", [5, 1000, 8192, 20000])
+@pytest.mark.parametrize("dim", [5, 1000, 8192, 17405, 20000])
 @pytest.mark.parametrize("inner", [16, 24])
 def test_strided_special_values(path, op, dtype, dim, inner):
     """Special values along a non-last axis, placed in either half of dim: the cached kernels
@@ -408,7 +436,8 @@ def test_strided_special_values(path, op, dtype, dim, inner):
     later chunk raising the max or holding +inf), and the twice-read ones in runs of rows.
     inner = 24 is no multiple of the tile's width (2-16 lanes of 16-byte packs), so lanes of
     the last tile are inactive, and the cached path's shuffles of the maxima must leave them
-    out."""
+    out. On sm_90 the cached path holds dim 17405 in a cluster of 8 nearly full 64 KB slices,
+    the last one 3 rows short, and refuses 20000 (:func:`strided_cached_fits` says which)."""
     xh = (_rng(dim).standard_normal((2, dim, inner)) * 2).astype(dtype)
     half = dim // 2
     xh[0, half, 0] = np.nan            # NaN -> NaN column
@@ -423,12 +452,13 @@ def test_strided_special_values(path, op, dtype, dim, inner):
     xh[0, :, 9] = -np.inf              # -inf and one NaN: no finite max -> NaN column
     xh[0, half, 9] = np.nan
     ref = reference(xh, 1, op == "log_softmax")
-    try:
-        with _dispatch.force_path(path):
-            out = OPS[op](cupy.asarray(xh), axis=1)
-    except ValueError as err:  # the cached path cannot hold every dim
-        assert path == "strided-cached" and "cache" in str(err)
+    if path == "strided-cached" and not strided_cached_fits(xh.shape, dtype, op):
+        with pytest.raises(ValueError, match=f"cannot cache dim={dim} "), \
+                _dispatch.force_path(path):
+            OPS[op](cupy.asarray(xh), axis=1)
         return
+    with _dispatch.force_path(path):
+        out = OPS[op](cupy.asarray(xh), axis=1)
     y = cupy.asnumpy(out).astype(np.float64)
     for o in range(2):
         for i in range(inner):
