@@ -252,24 +252,38 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
 // rows keep 64 (53-64 registers; 80 measured -1.6% to +1.2%). H200, the same process
 // (benchmarks/results/nvidia-h200-2026-11-26-spread-rows-profile.txt): 16-bit 64 columns
 // +5-8%, with a residual +1-4%.
-__host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int cols, int rows) {
+// 16-bit rms_norm rows of more than 16 values a lane that load their weight with the row
+// (wide_early: 768-1024 columns, rows.cuh warp_early_params) get those of 6 (80): at 64 the
+// 1024-column rows measured 0.3% (float16) and 0% (bfloat16) faster than plain, at 80 1.0%
+// (profile named at warp_early_params; 768 columns not measured).
+__host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int cols, int rows,
+                                                   bool wide_early = false) {
   return src_bytes < 8 && pack * src_bytes == 16 && cols <= 32
-             ? (src_bytes == 2 && rows >= 4 ? 6 : 8)
+             ? (src_bytes == 2 && (rows >= 4 || (wide_early && cols > 16)) ? 6 : 8)
              : 4;
 }
+// Rows whose parameters rows.cuh warp_early_params may load early up to 1024 columns (WIDE):
+// 16-bit rms_norm without a residual, whose store loads one weight pack a pack and no bias.
+__host__ __device__ constexpr bool norm_warp_wide_early(bool rms, bool residual, int src_bytes) {
+  return rms && !residual && src_bytes == 2;
+}
+#define CUNORM_NORM_WARP_WIDE norm_warp_wide_early(RMS, RESIDUAL, sizeof(SRC))
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS,
           bool EXACT>
-__global__ void __launch_bounds__(128, norm_warp_blocks(sizeof(SRC), PACK, COLS, ROWS))
+__global__ void __launch_bounds__(
+    128, norm_warp_blocks(sizeof(SRC), PACK, COLS, ROWS,
+                          CUNORM_NORM_WARP_WIDE && warp_early_params(COLS, GROUP, ROWS, true)))
     norm_warp(CUNORM_NORM_PARAMS) {
   // cunorm/_dispatch.py warp_exact mirrors this rule (and tests/test_nvcc.py compiles every
   // name it plans): the exact form lost 2-6% on these rows of layer_norm and 1% on float64
   // rms_norm's, and won 0.3-2.1% on 16-bit and float32 rms_norm's, whose store has no bias.
   static_assert(!EXACT || RESIDUAL || (RMS && sizeof(SRC) < 8) ||
-                    !warp_early_params(COLS, GROUP, ROWS),
+                    !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE),
                 "only 16-bit and float32 rms_norm rows load their parameters early in exact "
                 "kernels without a residual");
-  CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS, EXACT>), false);
+  CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS, EXACT, CUNORM_NORM_WARP_WIDE>), false);
 }
+#undef CUNORM_NORM_WARP_WIDE
 
 // Resident 512-thread blocks the block kernels are compiled for, rows in full packs of at most
 // 16 values a thread (rows.cuh CUNORM_BLOCK_BOUNDS): 4 for 16-bit rows (32 registers), 2 for

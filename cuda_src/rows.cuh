@@ -197,11 +197,19 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // values a lane): 16 registers more on 512 16-bit columns (float16 layer_norm 3308 -> 3276),
 // a spill on float32 rows of 16 values a lane (3787 -> 3511), and 32-column 16-bit rows (16 a
 // warp) and 64-column ones (two a group) lost 2-5%.
-__host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows) {
-  return rows == 1 && group * cols >= 64 && group * cols <= 256;
+// WIDE (norm.cu norm_warp_wide_early: 16-bit rms_norm without a residual, one weight vector
+// and no bias) extends the rule to groups of up to 1024 columns. H200, one process, two
+// rounds, GB/s (benchmarks/results/nvidia-h200-2026-11-28-early-params-profile.txt): rms_norm
+// float16 512 cols 3401 -> 3457, bfloat16 1000 3697 -> 3758, 1024 (at 80 registers, norm.cu
+// norm_warp_blocks) float16 3797 -> 3834, bfloat16 3807 -> 3846, outputs bit-identical;
+// layer_norm's weight and bias early lost 1-2% at 512 columns and 0.2-2.6% at 1000-1024 (80-96
+// registers; at 64 they spilled), and the residual forms and softmax did not move.
+__host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows,
+                                                     bool wide = false) {
+  return rows == 1 && group * cols >= 64 && group * cols <= (wide ? 1024 : 256);
 }
-template <int PACK, int COLS, int GROUP, int ROWS, bool EXACT = false, class OP, class LOAD,
-          class STORE>
+template <int PACK, int COLS, int GROUP, int ROWS, bool EXACT = false, bool WIDE = false,
+          class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const STORE& store,
                                           i64 rows, i64 row_cols) {
   static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
@@ -210,7 +218,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   typedef typename OP::S1 S1;
   constexpr int NPACK = COLS / PACK;
   constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
-  constexpr bool EARLY = warp_early_params(COLS, GROUP, ROWS);
+  constexpr bool EARLY = warp_early_params(COLS, GROUP, ROWS, WIDE);
   static_assert(!EARLY || ROWS == 1, "the early stores below name row 0 only");
   const int lane = threadIdx.x % GROUP;
   const int group_in_warp = (threadIdx.x % 32) / GROUP;

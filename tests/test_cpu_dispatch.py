@@ -12,6 +12,7 @@ import dataclasses
 import doctest
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -228,6 +229,27 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
                            residual)
     assert plan.grid == 16 and template_args(plan.kernel)[1][-1] == "false", plan
 
+
+
+def test_warp_early_params_rule() -> None:
+    """Groups of one row load a norm's parameters with the row from 64 to 256 columns, and up
+    to 1024 for 16-bit rms_norm without a residual (rows.cuh warp_early_params, norm.cu
+    norm_warp_wide_early, whose numbers these mirror)."""
+    assert d.warp_wide_early("rms_norm", "float16") and d.warp_wide_early("rms_norm", "bfloat16")
+    for op, src, residual in [("rms_norm", "float16", True), ("layer_norm", "float16", False),
+                              ("rms_norm", "float32", False), ("rms_norm", "float64", False),
+                              ("softmax", "bfloat16", False)]:
+        assert not d.warp_wide_early(op, src, residual), (op, src, residual)
+    for cfg, narrow, wide in [((2, 32, 1), True, True), ((8, 32, 1), True, True),
+                              ((16, 32, 1), False, True), ((32, 32, 1), False, True),
+                              ((8, 32, 2), False, False), ((1, 32, 1), False, False),
+                              ((40, 32, 1), False, False)]:
+        assert d.warp_early_params(cfg) == narrow and d.warp_early_params(cfg, True) == wide, cfg
+    # the kernels' own rule, as written in the sources
+    rows_cuh = (Path(d.__file__).parent.parent / "cuda_src" / "rows.cuh").read_text()
+    assert "group * cols <= (wide ? 1024 : 256)" in rows_cuh
+    norm_cu = (Path(d.__file__).parent.parent / "cuda_src" / "norm.cu").read_text()
+    assert "return rms && !residual && src_bytes == 2;" in norm_cu
 
 
 @pytest.mark.parametrize(("op", "residual"), [("softmax", False), ("layer_norm", False),
