@@ -253,9 +253,9 @@ template <typename C_, typename SRC, bool RMS, bool RESIDUAL> struct NormOp {
 // (benchmarks/results/nvidia-h200-2026-11-26-spread-rows-profile.txt): 16-bit 64 columns
 // +5-8%, with a residual +1-4%.
 // 16-bit rms_norm rows of more than 16 values a lane that load their weight with the row
-// (wide_early: 768-1024 columns, rows.cuh warp_early_params) get those of 6 (80): at 64 the
+// (wide_early: 520-1024 columns, rows.cuh warp_early_params) get those of 6 (80): at 64 the
 // 1024-column rows measured 0.3% (float16) and 0% (bfloat16) faster than plain, at 80 1.0%
-// (profile named at warp_early_params; 768 columns not measured).
+// (profile named at warp_early_params; the 24-value kernels, 520-768 columns, not measured).
 __host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int cols, int rows,
                                                    bool wide_early = false) {
   return src_bytes < 8 && pack * src_bytes == 16 && cols <= 32
@@ -263,11 +263,14 @@ __host__ __device__ constexpr int norm_warp_blocks(int src_bytes, int pack, int 
              : 4;
 }
 // Rows whose parameters rows.cuh warp_early_params may load early up to 1024 columns (WIDE):
-// 16-bit rms_norm without a residual, whose store loads one weight pack a pack and no bias.
-__host__ __device__ constexpr bool norm_warp_wide_early(bool rms, bool residual, int src_bytes) {
-  return rms && !residual && src_bytes == 2;
+// 16-bit rms_norm without a residual, whose store loads one weight pack a pack and no bias,
+// in full 16-byte packs (as measured; narrower packs, for unaligned operands or column counts
+// that are no multiple of 8, would take 24-35 more registers, up to 121 at 32 values a lane).
+__host__ __device__ constexpr bool norm_warp_wide_early(bool rms, bool residual, int src_bytes,
+                                                        int pack) {
+  return rms && !residual && src_bytes == 2 && pack * src_bytes == 16;
 }
-#define CUNORM_NORM_WARP_WIDE norm_warp_wide_early(RMS, RESIDUAL, sizeof(SRC))
+#define CUNORM_NORM_WARP_WIDE norm_warp_wide_early(RMS, RESIDUAL, sizeof(SRC), PACK)
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS,
           bool EXACT>
 __global__ void __launch_bounds__(

@@ -197,13 +197,14 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // values a lane): 16 registers more on 512 16-bit columns (float16 layer_norm 3308 -> 3276),
 // a spill on float32 rows of 16 values a lane (3787 -> 3511), and 32-column 16-bit rows (16 a
 // warp) and 64-column ones (two a group) lost 2-5%.
-// WIDE (norm.cu norm_warp_wide_early: 16-bit rms_norm without a residual, one weight vector
-// and no bias) extends the rule to groups of up to 1024 columns. H200, one process, two
-// rounds, GB/s (benchmarks/results/nvidia-h200-2026-11-28-early-params-profile.txt): rms_norm
-// float16 512 cols 3401 -> 3457, bfloat16 1000 3697 -> 3758, 1024 (at 80 registers, norm.cu
-// norm_warp_blocks) float16 3797 -> 3834, bfloat16 3807 -> 3846, outputs bit-identical;
-// layer_norm's weight and bias early lost 1-2% at 512 columns and 0.2-2.6% at 1000-1024 (80-96
-// registers; at 64 they spilled), and the residual forms and softmax did not move.
+// WIDE (norm.cu norm_warp_wide_early: 16-bit rms_norm without a residual in full packs, one
+// weight vector and no bias) extends the rule to groups of up to 1024 columns. H200, one
+// process, two rounds, GB/s (benchmarks/results/nvidia-h200-2026-11-28-early-params-profile.txt):
+// rms_norm float16 512 cols 3401 -> 3457, bfloat16 1000 3697 -> 3758, 1024 (at 80 registers,
+// norm.cu norm_warp_blocks) float16 3797 -> 3834, bfloat16 3807 -> 3846, outputs
+// bit-identical. layer_norm's weight and bias early lost 0.8-1.3% at 512 columns, and at
+// 1000-1024 spilled at 64 and 80 registers and lost 2.2-2.6% at 96; the residual forms and
+// softmax did not move.
 __host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows,
                                                      bool wide = false) {
   return rows == 1 && group * cols >= 64 && group * cols <= (wide ? 1024 : 256);

@@ -579,16 +579,18 @@ def warp_early_params(cfg: tuple[int, int, int], wide: bool = False) -> bool:
     """Whether the warp kernel of configuration ``cfg`` (:func:`warp_config`) loads a norm's
     parameters with the row (rows.cuh warp_early_params, the same rule): groups of one row
     spanning 64-256 columns, or up to 1024 where ``wide`` (16-bit rms_norm without a
-    residual: :func:`warp_wide_early`)."""
+    residual in full packs: :func:`warp_wide_early`)."""
     per_thread, group, rows_per_group = cfg
     return rows_per_group == 1 and 64 <= group * per_thread <= (1024 if wide else 256)
 
 
-def warp_wide_early(op: str, src: str, residual: bool = False) -> bool:
-    """Whether ``op``'s warp rows may load their parameters early up to 1024 columns (norm.cu
-    norm_warp_wide_early): 16-bit rms_norm without a residual, whose store has one weight
-    and no bias (+1.0-1.6% at 512-1024 columns; layer_norm's weight and bias lost there)."""
-    return op == "rms_norm" and not residual and ITEMSIZE.get(src) == 2
+def warp_wide_early(op: str, src: str, pack: int, residual: bool = False) -> bool:
+    """Whether ``op``'s warp rows in packs of ``pack`` values may load their parameters early
+    up to 1024 columns (norm.cu norm_warp_wide_early): 16-bit rms_norm without a residual,
+    whose store has one weight and no bias, in full 16-byte packs (+1.0-1.6% at 512-1024
+    columns; layer_norm's weight and bias lost there)."""
+    return (op == "rms_norm" and not residual and ITEMSIZE.get(src) == 2
+            and pack * ITEMSIZE[src] == 16)
 
 
 def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
@@ -616,7 +618,7 @@ def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
     """
     family = kernel_head(op, src, dst, residual)[0]
     if (family == "norm" and not residual and (op == "layer_norm" or src == "float64")
-            and warp_early_params(cfg, warp_wide_early(op, src, residual))):
+            and warp_early_params(cfg, warp_wide_early(op, src, pack, residual))):
         return False
     return (family in WARP_EXACT_FAMILIES and full_packs(src, dst, pack)
             and cfg[0] * cfg[1] == cols)

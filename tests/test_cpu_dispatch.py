@@ -233,13 +233,18 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
 
 def test_warp_early_params_rule() -> None:
     """Groups of one row load a norm's parameters with the row from 64 to 256 columns, and up
-    to 1024 for 16-bit rms_norm without a residual (rows.cuh warp_early_params, norm.cu
-    norm_warp_wide_early, whose numbers these mirror)."""
-    assert d.warp_wide_early("rms_norm", "float16") and d.warp_wide_early("rms_norm", "bfloat16")
-    for op, src, residual in [("rms_norm", "float16", True), ("layer_norm", "float16", False),
-                              ("rms_norm", "float32", False), ("rms_norm", "float64", False),
-                              ("softmax", "bfloat16", False)]:
-        assert not d.warp_wide_early(op, src, residual), (op, src, residual)
+    to 1024 for 16-bit rms_norm without a residual in full 16-byte packs (rows.cuh
+    warp_early_params, norm.cu norm_warp_wide_early, whose numbers these mirror)."""
+    assert d.warp_wide_early("rms_norm", "float16", 8)
+    assert d.warp_wide_early("rms_norm", "bfloat16", 8)
+    for op, src, pack, residual in [("rms_norm", "float16", 8, True),
+                                    ("layer_norm", "float16", 8, False),
+                                    ("rms_norm", "float16", 4, False),  # not full packs
+                                    ("rms_norm", "bfloat16", 1, False),
+                                    ("rms_norm", "float32", 4, False),
+                                    ("rms_norm", "float64", 2, False),
+                                    ("softmax", "bfloat16", 8, False)]:
+        assert not d.warp_wide_early(op, src, pack, residual), (op, src, pack, residual)
     for cfg, narrow, wide in [((2, 32, 1), True, True), ((8, 32, 1), True, True),
                               ((16, 32, 1), False, True), ((32, 32, 1), False, True),
                               ((8, 32, 2), False, False), ((1, 32, 1), False, False),
@@ -249,7 +254,7 @@ def test_warp_early_params_rule() -> None:
     rows_cuh = (Path(d.__file__).parent.parent / "cuda_src" / "rows.cuh").read_text()
     assert "group * cols <= (wide ? 1024 : 256)" in rows_cuh
     norm_cu = (Path(d.__file__).parent.parent / "cuda_src" / "norm.cu").read_text()
-    assert "return rms && !residual && src_bytes == 2;" in norm_cu
+    assert "return rms && !residual && src_bytes == 2 && pack * src_bytes == 16;" in norm_cu
 
 
 @pytest.mark.parametrize(("op", "residual"), [("softmax", False), ("layer_norm", False),
