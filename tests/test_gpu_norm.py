@@ -441,6 +441,40 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
         pytest.skip(f"no BLOCK_MID rows for {op} {np.dtype(dtype).name} on sm_{props.arch}")
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("cols", [264, 296, 512, 600, 768, 1000, 1024])
+@pytest.mark.parametrize("weight", [True, False])
+@pytest.mark.parametrize("grid", ["one-row", "few-blocks"])
+def test_rms_norm_rows_loading_their_weight_early(rng, dtype, cols, weight, grid, planned):
+    """16-bit rms_norm rows of 264-1024 columns in full packs load their weight with the row
+    (rows.cuh warp_early_params, wide: norm.cu norm_warp_wide_early): with and without a
+    weight (the functor then tests it), padded rows (264, 296, 600, 1000) and exact ones, and
+    "few-blocks" caps the grid at 8 blocks so each group walks many rows (the weight loaded
+    again for each after the previous row's stores). Output and rstd against float64, into
+    NaN-poisoned allocations, 37 rows."""
+    name = np.dtype(dtype).name
+    x, xh = random_input(rng, (37, cols), dtype)
+    w, _, wh, _ = affine(rng, "rms_norm", (cols,), dtype)
+    if not weight:
+        w = wh = None
+    ref, ref_mean, ref_rstd = reference("rms_norm", xh, -1, wh)
+    planned.clear()
+    with _dispatch.override_constants({"MAX_GRID": 8} if grid == "few-blocks" else {}), \
+            _dispatch.force_path("warp"), poisoned_allocations():
+        res = cunorm.rms_norm(x, w, return_stats=True)
+    plan = planned[-1]
+    args = plan.kernel[:-1].split(", ")
+    pack, cfg = int(args[-5]), tuple(int(a) for a in args[-4:-1])
+    assert plan.path == "warp" and plan.kernel.startswith("cunorm::norm_warp<"), plan
+    assert _dispatch.warp_wide_early("rms_norm", name, pack) and pack == 8, plan
+    assert _dispatch.warp_early_params(cfg, True), plan  # the wide rule, not the short one
+    assert (grid == "one-row" and cols % 8 == 0 and cfg[0] * cfg[1] == cols) == \
+        plan.kernel.endswith(", true>"), plan  # exact only where the grid covers every row
+    err = rel_err(cupy.asnumpy(res[0]), ref)
+    assert err <= TOL[name], f"error {err:.3g}"
+    check_stats("rms_norm", res, ref_mean, ref_rstd, np.dtype(dtype), 0.0)
+
+
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=lambda d: np.dtype(d).name)
