@@ -247,8 +247,9 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   // on sm_80.)
   constexpr bool CLAMP_ROWS = EXACT && !LOAD::kStaged && sizeof(typename LOAD::raw_t) == 2;
   // The row loop on STORE functor st: the one of with_known_params for the whole loop where
-  // EARLY (whose parameter loads precede the loop's stores), else the kernel's, which takes
-  // with_known_params per row group at its stores.
+  // EARLY (whose parameter loads precede each row's stores, and in a grid-stride loop follow
+  // the previous row's: y never overlaps the parameters, cunorm/norm.py _direct_out), else
+  // the kernel's, which takes with_known_params per row group at its stores.
   const auto row_loop = [&](const auto& st) {
     typedef typename RemoveCvRef<decltype(st)>::type ST;
     // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
