@@ -589,8 +589,8 @@ def warp_wide_early(op: str, src: str, pack: int, residual: bool = False) -> boo
     up to 1024 columns (norm.cu norm_warp_wide_early): 16-bit rms_norm without a residual,
     whose store has one weight and no bias, in full 16-byte packs (+1.0-1.6% at 512-1024
     columns; layer_norm's weight and bias lost there)."""
-    return (op == "rms_norm" and not residual and ITEMSIZE.get(src) == 2
-            and pack * ITEMSIZE[src] == 16)
+    return op == "rms_norm" and not residual and ITEMSIZE.get(src) == 2 and full_packs(
+        src, src, pack)
 
 
 def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
@@ -617,8 +617,9 @@ def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
     True
     """
     family = kernel_head(op, src, dst, residual)[0]
+    # (the wide rule, warp_wide_early, covers neither layer_norm nor float64)
     if (family == "norm" and not residual and (op == "layer_norm" or src == "float64")
-            and warp_early_params(cfg, warp_wide_early(op, src, pack, residual))):
+            and warp_early_params(cfg)):
         return False
     return (family in WARP_EXACT_FAMILIES and full_packs(src, dst, pack)
             and cfg[0] * cfg[1] == cols)

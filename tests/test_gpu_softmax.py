@@ -20,7 +20,7 @@ from _gpu import (  # shared GPU preamble
 )
 
 import cunorm
-from cunorm import _dispatch
+from cunorm import _array, _dispatch
 
 softmax_module = importlib.import_module("cunorm.softmax")  # the function shadows the module
 
@@ -85,9 +85,9 @@ def strided_cached_fits(shape: tuple[int, int, int], dtype, op: str = "softmax")
     False."""
     outer, dim, inner = shape
     name = np.dtype(dtype).name
-    bits = 16 | inner | dim * inner
+    align = _array.pack_alignment((), _array.stride_bits((inner, dim * inner)))
     try:
-        _dispatch.plan_strided(op, name, name, outer, dim, inner, bits & -bits,
+        _dispatch.plan_strided(op, name, name, outer, dim, inner, align,
                                cunorm._device.device_props(0), lambda kernel, block, smem: 1,
                                force="strided-cached")
     except ValueError:
