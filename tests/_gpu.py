@@ -26,6 +26,18 @@ DTYPES = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)
 TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}
 
 
+def row_errors(y, ref: np.ndarray) -> np.ndarray:
+    """DESIGN section 3's measure for each row (the last axis) of ``y`` (a NumPy or CuPy
+    array, or anything ``np.asarray`` takes): the largest ``|y - ref|`` over the row's
+    largest ``|ref|``."""
+    y = cupy.asnumpy(y) if isinstance(y, cupy.ndarray) else y
+    y = np.asarray(y, np.float64).reshape(-1, ref.shape[-1])
+    ref = ref.reshape(-1, ref.shape[-1])
+    num = np.abs(y - ref).max(axis=-1, initial=0.0)
+    den = np.abs(ref).max(axis=-1, initial=0.0)
+    return num / np.maximum(den, 1e-300)
+
+
 def spy_launches(monkeypatch) -> list[tuple[str, tuple, int]]:
     """Record every prepared kernel launch (``cunorm._driver_launch.KernelLaunch.fire``) as
     (kernel name, grid, block and shared memory, stream handle) and let it run."""

@@ -30,6 +30,7 @@ from _gpu import (  # the shared GPU preamble
     TOL,
     cupy,
     poisoned_allocations,
+    row_errors,
 )
 
 import cunorm
@@ -139,15 +140,6 @@ def naive(q, k, v, *, causal: bool = False, scale: float | None = None, mask=Non
     e = cupy.exp(s - s.max(axis=-1, keepdims=True))
     p = rnd(e / e.sum(axis=-1, keepdims=True))
     return (p @ va).astype(dt)
-
-
-def row_errors(y, ref: np.ndarray) -> np.ndarray:
-    """Relative max-norm error of each query row (the last axis)."""
-    y = np.asarray(to_host(y), np.float64).reshape(-1, ref.shape[-1])
-    ref = ref.reshape(-1, ref.shape[-1])
-    num = np.abs(y - ref).max(axis=-1, initial=0.0)
-    den = np.abs(ref).max(axis=-1, initial=0.0)
-    return num / np.maximum(den, 1e-300)
 
 
 def check(out, lse, ref: np.ndarray, ref_lse: np.ndarray, naive_err: float, dtype: np.dtype,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _gpu import BF16, GPU_MARKS, N_GPUS, TOL, cupy  # shared GPU preamble
+from _gpu import BF16, GPU_MARKS, N_GPUS, TOL, cupy, row_errors  # shared GPU preamble
 
 import cunorm
 from cunorm import _array
@@ -78,13 +78,6 @@ def _reference(op: str, host: dict[str, np.ndarray]) -> np.ndarray:
     s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     return (p / p.sum(axis=-1, keepdims=True)) @ v
-
-
-def _row_errors(y: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """DESIGN section 3's measure: the largest |y - ref| of each row (last axis) over the
-    largest |ref| of that row."""
-    num = np.abs(y.astype(np.float64) - ref).max(axis=-1)
-    return num / np.maximum(np.abs(ref).max(axis=-1), 1e-300)
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm", "attention",
@@ -196,14 +189,14 @@ def test_torch_tensors_compute_on_their_device(op, monkeypatch):
     # (the same wrong plan, or a launch that never ran, would agree with itself): each result
     # against the float64 reference of the same rounded inputs, within DESIGN section 3's
     # bound for the dtype, the measure and bound the one-device tests hold these kernels to
-    # (test_gpu_softmax / test_gpu_norm rel_err, test_gpu_attention row_errors).
+    # (_gpu.row_errors; test_gpu_softmax / test_gpu_norm rel_err).
     names = {"softmax": ("x",), "rms_norm": ("x", "weight")}.get(op, ("q", "k", "v"))
     host = {n: t.detach().double().cpu().numpy() for n, t in zip(names, args, strict=True)}
     ref = _reference(op, host)
     dtype = str(args[0].dtype).removeprefix("torch.")
     for i, y in enumerate(away + home):
         assert y.dtype == args[0].dtype and tuple(y.shape) == ref.shape, (i, y.dtype, y.shape)
-        err = float(_row_errors(y.double().cpu().numpy(), ref).max())
+        err = float(row_errors(y.double().cpu().numpy(), ref).max())
         assert err <= TOL[dtype], f"{op} result {i}: error {err:.3g} > {TOL[dtype]}"
 
 
