@@ -29,7 +29,9 @@ there with and without weight and bias (``affine-kernels``: one launch each, for
 ``warp-packs``: on lanes of 4 packs, ``softmax-narrow``: softmax rows of 4-31 packs narrowed
 or not, ``residual-narrow``: the residual norms' short rows narrowed or not,
 ``spread-rows``: norm rows of 8 packs on 2 or 4 rows a group or narrowed),
-``l2-keep`` every bench cell with the row paths' x loads plain and under the L2 evict_last
+``fixed-cost`` the time a row-op call takes beyond its bytes (two sizes, a device copy of the
+same bytes, and with its code and parameters brought back into L2 first), ``l2-keep`` every
+bench cell with the row paths' x loads plain and under the L2 evict_last
 policy (common.cuh load_pack_l2), ``ln32-cluster`` float32 layer_norm's cluster rows built
 as before and after their resident-block change (cuda_src/norm.cu norm_cluster_blocks),
 ``prefetch-distance`` the rows whose stores prefetch parameters ahead at several distances,
@@ -103,7 +105,7 @@ COMMANDS = {
     "residual-narrow": lambda: norms.warp_groups(norms.RESIDUAL_NARROW_VARIANTS,
                                                  cases=norms.RESIDUAL_NARROW_CASES),
     "spread-rows": lambda: norms.warp_groups(norms.SPREAD_VARIANTS, cases=norms.SPREAD_CASES),
-    "l2-keep": rows.l2_keep, "ln32-cluster": rows.ln32_cluster,
+    "fixed-cost": rows.fixed_cost, "l2-keep": rows.l2_keep, "ln32-cluster": rows.ln32_cluster,
     "prefetch-distance": rows.prefetch_distance,
     "attention": attn.attention, "attention-kernels": attn.attention_kernels,
     "attention-groups": attn.attention_groups,

@@ -331,3 +331,56 @@ def prefetch_distance() -> None:
     builds = [(f"D{d}", (f"-DCUNORM_PREFETCH_BATCHES={d}",)) for d in (1, 2, 4, 6)]
     compare_builds(builds, ("layer_norm",), ("float32",), (131072, 262144), rounds=3)
     compare_builds(builds, ("layer_norm",), ("float64",), (16384, 32768, 65536, 131072, 262144))
+
+
+# Rows whose tables sit just under 90% of copy (16-bit 1024 columns) and short rows, next to
+# cells that reach it (float32 1024 columns moves twice the bytes).
+FIXED_COST_CASES = [("layer_norm", "float16", 1024), ("rms_norm", "float16", 1024),
+                    ("softmax", "float16", 1024), ("layer_norm", "float32", 1024),
+                    ("layer_norm", "float16", 256), ("rms_norm", "float32", 32),
+                    ("rms_norm", "float16", 64)]
+
+
+def fixed_cost(rows: int = 49152) -> None:
+    """Where a call's time goes beyond its bytes, under the benchmark's timer: each case at
+    ``rows`` and 4 x ``rows`` rows (steady rate = the extra bytes over the extra time; fixed
+    cost = what the smaller call takes beyond its bytes at that rate), a device-to-device copy
+    of the same bytes beside each, and the smaller call again with a one-row call of the same
+    op between the flush and the start event (which brings its code and parameters back into
+    L2: the part of the fixed cost that a cold L2 adds)."""
+    from profile_common import _call_case
+
+    from cunorm.bench.timing import CupyEventTimer, gbps
+
+    class TouchedTimer(CupyEventTimer):
+        touch = staticmethod(lambda: None)
+
+        def _flush(self) -> None:
+            super()._flush()
+            self.touch()
+
+    timer, touched = CupyEventTimer(pad_us=100), TouchedTimer(pad_us=100)
+    for op, dt, cols in FIXED_COST_CASES:
+        us, copy_us = {}, {}
+        for n in (rows, 4 * rows):
+            y, call, nbytes = _call_case(op, dt, n, cols)
+            x = call.args[0]
+            us[n] = timer(call) * 1e3
+            copy_us[n] = timer(lambda x=x, y=y: y.data.copy_from_device_async(
+                x.data, x.nbytes)) * 1e3
+            if n == rows:
+                touched.touch = staticmethod(functools.partial(
+                    call.func, x[:1], *call.args[1:], out=y[:1]))
+                touched_us = touched(call) * 1e3
+            del y, call, x
+            cupy.get_default_memory_pool().free_all_blocks()
+        small = 2 * rows * cols * np.dtype(dt).itemsize  # the smaller call's bytes
+        steady = 3 * small / ((us[4 * rows] - us[rows]) * 1e-6) / 1e9
+        copy_steady = 3 * small / ((copy_us[4 * rows] - copy_us[rows]) * 1e-6) / 1e9
+        print(f"{op:10s} {dt:8s} {cols:5d}  {gbps(small, us[rows] * 1e-3):5.0f} GB/s "
+              f"({us[rows]:6.2f} us; copy {gbps(small, copy_us[rows] * 1e-3):5.0f})  steady "
+              f"{steady:5.0f} (copy {copy_steady:5.0f})  fixed "
+              f"{us[rows] - small / steady * 1e-3:5.2f} us (copy "
+              f"{copy_us[rows] - small / copy_steady * 1e-3:5.2f})  touched "
+              f"{gbps(small, touched_us * 1e-3):5.0f} ({us[rows] - touched_us:+.2f} us)",
+              flush=True)
