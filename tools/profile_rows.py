@@ -361,20 +361,20 @@ def fixed_cost(rows: int = 49152) -> None:
 
     timer, touched = CupyEventTimer(pad_us=100), TouchedTimer(pad_us=100)
     for op, dt, cols in FIXED_COST_CASES:
-        us, copy_us = {}, {}
+        us, copy_us, small = {}, {}, 0
         for n in (rows, 4 * rows):
-            y, call, nbytes = _call_case(op, dt, n, cols)
+            y, call, nbytes = _call_case(op, dt, n, cols)  # (plain ops: x read, y written)
+            small = small or nbytes
             x = call.args[0]
             us[n] = timer(call) * 1e3
             copy_us[n] = timer(lambda x=x, y=y: y.data.copy_from_device_async(
                 x.data, x.nbytes)) * 1e3
             if n == rows:
-                touched.touch = staticmethod(functools.partial(
-                    call.func, x[:1], *call.args[1:], out=y[:1]))
+                touched.touch = functools.partial(call.func, x[:1], *call.args[1:],
+                                                  out=y[:1])
                 touched_us = touched(call) * 1e3
             del y, call, x
             cupy.get_default_memory_pool().free_all_blocks()
-        small = 2 * rows * cols * np.dtype(dt).itemsize  # the smaller call's bytes
         steady = 3 * small / ((us[4 * rows] - us[rows]) * 1e-6) / 1e9
         copy_steady = 3 * small / ((copy_us[4 * rows] - copy_us[rows]) * 1e-6) / 1e9
         print(f"{op:10s} {dt:8s} {cols:5d}  {gbps(small, us[rows] * 1e-3):5.0f} GB/s "
