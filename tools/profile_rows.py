@@ -345,12 +345,12 @@ def fixed_cost(rows: int = 49152) -> None:
     """Where a call's time goes beyond its bytes, under the benchmark's timer: each case at
     ``rows`` and 4 x ``rows`` rows (steady rate = the extra bytes over the extra time; fixed
     cost = what the smaller call takes beyond its bytes at that rate), a device-to-device copy
-    of the same bytes beside each, and the smaller call again with a one-row call of the same
-    op between the flush and the start event (which brings its code and parameters back into
-    L2: the part of the fixed cost that a cold L2 adds)."""
+    of the same bytes beside each (timing.copy_bandwidth), and the smaller call again with a
+    one-row call of the same op between the flush and the start event (which brings its code
+    and parameters back into L2: the part of the fixed cost that a cold L2 adds)."""
     from profile_common import _call_case
 
-    from cunorm.bench.timing import CupyEventTimer, gbps
+    from cunorm.bench.timing import CupyEventTimer, copy_bandwidth
 
     class TouchedTimer(CupyEventTimer):
         touch = staticmethod(lambda: None)
@@ -359,28 +359,29 @@ def fixed_cost(rows: int = 49152) -> None:
             super()._flush()
             self.touch()
 
+    def split(nbytes: int, small_us: float, large_us: float) -> tuple[float, float]:
+        """(steady GB/s, fixed us) of calls moving nbytes in small_us and 4 x in large_us."""
+        steady = 3 * nbytes / ((large_us - small_us) * 1e-6) / 1e9
+        return steady, small_us - nbytes / steady * 1e-3
+
     timer, touched = CupyEventTimer(pad_us=100), TouchedTimer(pad_us=100)
     for op, dt, cols in FIXED_COST_CASES:
-        us, copy_us, small = {}, {}, 0
+        us, copy_us, small = [], [], 0
         for n in (rows, 4 * rows):
             y, call, nbytes = _call_case(op, dt, n, cols)  # (plain ops: x read, y written)
             small = small or nbytes
             x = call.args[0]
-            us[n] = timer(call) * 1e3
-            copy_us[n] = timer(lambda x=x, y=y: y.data.copy_from_device_async(
-                x.data, x.nbytes)) * 1e3
+            us.append(timer(call) * 1e3)
+            copy_us.append(nbytes / copy_bandwidth(timer, x.nbytes) * 1e-3)
             if n == rows:
                 touched.touch = functools.partial(call.func, x[:1], *call.args[1:],
                                                   out=y[:1])
                 touched_us = touched(call) * 1e3
             del y, call, x
             cupy.get_default_memory_pool().free_all_blocks()
-        steady = 3 * small / ((us[4 * rows] - us[rows]) * 1e-6) / 1e9
-        copy_steady = 3 * small / ((copy_us[4 * rows] - copy_us[rows]) * 1e-6) / 1e9
-        print(f"{op:10s} {dt:8s} {cols:5d}  {gbps(small, us[rows] * 1e-3):5.0f} GB/s "
-              f"({us[rows]:6.2f} us; copy {gbps(small, copy_us[rows] * 1e-3):5.0f})  steady "
-              f"{steady:5.0f} (copy {copy_steady:5.0f})  fixed "
-              f"{us[rows] - small / steady * 1e-3:5.2f} us (copy "
-              f"{copy_us[rows] - small / copy_steady * 1e-3:5.2f})  touched "
-              f"{gbps(small, touched_us * 1e-3):5.0f} ({us[rows] - touched_us:+.2f} us)",
-              flush=True)
+        steady, fixed = split(small, *us)
+        copy_steady, copy_fixed = split(small, *copy_us)
+        print(f"{op:10s} {dt:8s} {cols:5d}  {small / us[0] * 1e-3:5.0f} GB/s ({us[0]:6.2f} us; "
+              f"copy {small / copy_us[0] * 1e-3:5.0f})  steady {steady:5.0f} (copy "
+              f"{copy_steady:5.0f})  fixed {fixed:5.2f} us (copy {copy_fixed:5.2f})  touched "
+              f"{small / touched_us * 1e-3:5.0f} ({us[0] - touched_us:+.2f} us)", flush=True)
