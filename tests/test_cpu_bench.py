@@ -406,6 +406,15 @@ def test_device_uuid_in_header(monkeypatch: pytest.MonkeyPatch) -> None:
             "uuid": uuid}
     assert "Device: **NVIDIA H200** (GPU-00010203-0405-0607-0809-0a0b0c0d0e0f). " in "\n".join(
         report.header_lines(meta, "softmax", "m"))
+    # CuPy cuts the runtime's bytes at a zero byte: the one nvidia-smi UUID continuing them
+    # with a zero byte, none where two or none do
+    smi = ["GPU-c9235576-001f-d34a-29bd-0e84d5a0cc79", "GPU-c9235576-011f-d34a-29bd-0e84d5a0cc79",
+           "GPU-7b615079-0860-e7fc-52dd-d0f1a6168085"]
+    monkeypatch.setattr(env, "_smi_uuids", lambda: smi)
+    props["uuid"] = bytes.fromhex("c9235576")
+    assert env.device_uuid() == "GPU-c9235576-001f-d34a-29bd-0e84d5a0cc79"
+    smi.append("GPU-C9235576-0020-0000-0000-000000000000")
+    assert env.device_uuid() == ""
     props["uuid"] = b""  # a runtime without one: no suffix
     assert env.device_uuid() == "" and report.uuid_suffix({"uuid": ""}) == ""
     assert "Device: **NVIDIA H200**. " in "\n".join(report.header_lines(

@@ -68,11 +68,30 @@ def device_uuid(device_id: int = 0) -> str:
     bandwidth (benchmarks/results/nvidia-h200-2026-11-22-rowops-profile.txt)."""
     import cupy
 
-    raw = cupy.cuda.runtime.getDeviceProperties(device_id).get("uuid")
-    if not raw or len(bytes(raw)) != 16:
-        return ""
-    h = bytes(raw).hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    raw = bytes(cupy.cuda.runtime.getDeviceProperties(device_id).get("uuid") or b"")
+    if len(raw) == 16:
+        h = raw.hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    # CuPy converts the runtime's char[16] as a C string: a UUID with a zero byte comes back
+    # cut before it (GPU-c9235576-001f-...: 4 bytes, so the session-68 tables had none). The
+    # one GPU nvidia-smi lists whose UUID continues those bytes with a zero byte is the one.
+    prefix = raw.hex() + "00"
+    found = [u for u in _smi_uuids() if u[4:].replace("-", "").lower().startswith(prefix)]
+    return found[0] if len(found) == 1 else ""
+
+
+def _smi_uuids() -> list[str]:
+    """The UUIDs nvidia-smi lists (``GPU-...``), none where it is missing or fails."""
+    import subprocess
+
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if res.returncode != 0:
+        return []
+    return [u.strip() for u in res.stdout.splitlines() if u.strip().startswith("GPU-")]
 
 
 def slugify(name: str) -> str:
