@@ -433,11 +433,14 @@ template <typename SRC, typename C, bool L2_KEEP = false> struct DirectLoad {
 // commit / wait of a group of them. A 2-byte pack is copied through a register instead.
 // HINT (16-byte packs), as load_pack_l2's: kLine for walks that read a line's 32-byte sectors
 // from several blocks (the strided path's narrow tiles), kEvictLast for the block-wide rows.
-template <int BYTES, L2Hint HINT = L2Hint::kNone>
+// L1: a 16-byte copy cached in L1 too (.ca; AffineStore::stage_params).
+template <int BYTES, L2Hint HINT = L2Hint::kNone, bool L1 = false>
 __device__ __forceinline__ void copy_async(void* smem_dst, const void* gmem_src) {
   if (BYTES >= 4) {
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    if (BYTES == 16 && HINT == L2Hint::kLine) {
+    if (BYTES == 16 && L1) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
+    } else if (BYTES == 16 && HINT == L2Hint::kLine) {
       asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src)
                    : "memory");
     } else if (BYTES == 16 && HINT == L2Hint::kEvictLast) {
@@ -689,6 +692,16 @@ template <typename C, typename DST, int KNOWN = kParamsTested> struct AffineStor
   __device__ __forceinline__ void prefetch_params(i64 col) const {
     if (has_weight()) asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + col));
     if (has_bias()) asm volatile("prefetch.global.L1 [%0];" ::"l"(bias + col));
+  }
+  static constexpr int kKnown = KNOWN;
+  // Start copying the parameter packs of column col into shared memory (cp.async through L1,
+  // where the block's other warps read the same packs; the caller commits and waits): the
+  // weight's into w, the bias's into b (rows.cuh rows_warp STAGE). Through L2 only (.cg) the
+  // staged 16-bit layer_norm rows ran 5-31% slower than plain.
+  template <int N>
+  __device__ __forceinline__ void stage_params(Pack<DST, N>* w, Pack<DST, N>* b, i64 col) const {
+    if (has_weight()) copy_async<sizeof(Pack<DST, N>), L2Hint::kNone, true>(w, weight + col);
+    if (has_bias()) copy_async<sizeof(Pack<DST, N>), L2Hint::kNone, true>(b, bias + col);
   }
   template <int N> __device__ __forceinline__ Params<N> params(i64 col) const {
     Params<N> prm;

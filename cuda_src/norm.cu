@@ -270,6 +270,16 @@ __host__ __device__ constexpr bool norm_warp_wide_early(bool rms, bool residual,
                                                         int pack) {
   return rms && !residual && src_bytes == 2 && pack * src_bytes == 16;
 }
+// Rows whose weight and bias rows.cuh rows_warp stages in shared memory (STAGE, with the
+// measurements): 16-bit layer_norm without a residual in full 16-byte packs, one row a group,
+// where warp_early_params does not load them early (group columns past 256).
+// cunorm/_dispatch.py warp_stage_bytes mirrors the rule and plans the shared memory.
+__host__ __device__ constexpr bool norm_warp_stages_params(bool rms, bool residual,
+                                                           int src_bytes, int pack, int cols,
+                                                           int group, int rows) {
+  return !rms && !residual && src_bytes == 2 && pack * src_bytes == 16 && rows == 1 &&
+         !warp_early_params(cols, group, rows);
+}
 #define CUNORM_NORM_WARP_WIDE norm_warp_wide_early(RMS, RESIDUAL, sizeof(SRC), PACK)
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS,
           bool EXACT>
@@ -284,7 +294,10 @@ __global__ void __launch_bounds__(
                     !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE),
                 "only 16-bit and float32 rms_norm rows load their parameters early in exact "
                 "kernels without a residual");
-  CUNORM_NORM_ROWS((rows_warp<PACK, COLS, GROUP, ROWS, EXACT, CUNORM_NORM_WARP_WIDE>), false);
+  CUNORM_NORM_ROWS(
+      (rows_warp<PACK, COLS, GROUP, ROWS, EXACT, CUNORM_NORM_WARP_WIDE,
+                 norm_warp_stages_params(RMS, RESIDUAL, sizeof(SRC), PACK, COLS, GROUP, ROWS)>),
+      false);
 }
 #undef CUNORM_NORM_WARP_WIDE
 

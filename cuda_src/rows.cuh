@@ -209,8 +209,25 @@ __host__ __device__ constexpr bool warp_early_params(int cols, int group, int ro
                                                      bool wide = false) {
   return rows == 1 && group * cols >= 64 && group * cols <= (wide ? 1024 : 256);
 }
+// STAGE (norm.cu norm_warp_stages_params: 16-bit layer_norm rows without a residual in full
+// packs, one row a group, parameters not loaded early): where weight and bias are both
+// present, each lane copies its parameter packs into the kernel's dynamic shared memory by
+// cp.async (through L1) before the row loop, and reads them back at the stores. Their latency
+// then passes under the row's, as EARLY's, without EARLY's registers: the copy holds none,
+// and each pack is read back at its store (the lane reads only what it copied, so no barrier).
+// The block needs blockDim.x x 2 x COLS parameter values of shared memory where both are
+// given (cunorm/_dispatch.py warp_stage_bytes); a launch with less traps. H200, 49152 rows, one
+// process, three rounds, GB/s, plain -> staged, outputs bit-identical (benchmarks/results/
+// nvidia-h200-2026-11-28-session68-staged-params-profile.txt): layer_norm float16 512 / 768 /
+// 1000 / 1024 cols 3343 -> 3434, 3616 -> 3710, 3692 -> 3762, 3756 -> 3825, bfloat16 3347 ->
+// 3434, 3586 -> 3647, 3683 -> 3749, 3758 -> 3825. Not staged: float32 rows (layer_norm 768
+// -6.6% and rms_norm 512 -4.2%: ptxas read every pack's parameters back at once, 46 -> 64 and
+// 32 -> 39 registers), the residual forms (+0.3-0.5%, and float16 rms_norm's at 1024 columns
+// spilled), and 16-bit rms_norm, whose full-pack rows load their weight early (WIDE).
+template <class ST, bool P = ST::kParams> struct KnownParamsOf { static constexpr int value = -1; };
+template <class ST> struct KnownParamsOf<ST, true> { static constexpr int value = ST::kKnown; };
 template <int PACK, int COLS, int GROUP, int ROWS, bool EXACT = false, bool WIDE = false,
-          class OP, class LOAD, class STORE>
+          bool STAGE = false, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const STORE& store,
                                           i64 rows, i64 row_cols) {
   static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
@@ -246,12 +263,34 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   // conditions changed their code enough for ptxas to spill 16-bit and float64 warp kernels
   // on sm_80.)
   constexpr bool CLAMP_ROWS = EXACT && !LOAD::kStaged && sizeof(typename LOAD::raw_t) == 2;
+  static_assert(!STAGE || (!EARLY && ROWS == 1 && STORE::kParams), "STAGE: see above");
+  // STAGE: lane l of warp w keeps parameter kind k (0 weight, 1 bias) of pack p at slot
+  // ((w * 2 + k) * NPACK + p) * 32 + l, so a warp reads 32 consecutive packs.
+  typedef Pack<typename LOAD::raw_t, PACK> ParamPack;
+  CUNORM_DYNAMIC_SMEM(stage_smem);
+  const auto slot = [&](int kind, int p) {
+    return reinterpret_cast<ParamPack*>(stage_smem) +
+           (((threadIdx.x / 32) * 2 + kind) * NPACK + p) * 32 + threadIdx.x % 32;
+  };
   // The row loop on STORE functor st: the one of with_known_params for the whole loop where
   // EARLY (whose parameter loads precede each row's stores, and in a grid-stride loop follow
   // the previous row's: y never overlaps the parameters, cunorm/norm.py _direct_out), else
   // the kernel's, which takes with_known_params per row group at its stores.
   const auto row_loop = [&](const auto& st) {
     typedef typename RemoveCvRef<decltype(st)>::type ST;
+    constexpr int KNOWN_P = KnownParamsOf<ST>::value;
+    constexpr bool STAGED = STAGE && KNOWN_P == kParamsBoth;
+    if constexpr (STAGED) {
+      unsigned dynamic_bytes;
+      asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+      if (dynamic_bytes < blockDim.x * 2 * COLS * sizeof(typename LOAD::raw_t)) __trap();
+#pragma unroll
+      for (int p = 0; p < NPACK; ++p) {
+        if (in_row(pack_col(p)))
+          st.template stage_params<PACK>(slot(0, p), slot(1, p), pack_col(p));
+      }
+      copy_async_commit();
+    }
     // The loop bound is uniform across the warp (the shuffles below name all 32 lanes); rows
     // past the end are masked instead.
     for (i64 base = warp * ROWS_PER_WARP; base < rows; base += step) {
@@ -390,6 +429,18 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
             st.template store<PACK>(buf[0] + p * PACK, row0, col, prm[p]);
           }
         }
+      } else if constexpr (STAGED) {
+        copy_async_wait<0>();
+#pragma unroll
+        for (int p = 0; p < NPACK; ++p) {
+          const unsigned col = pack_col(p);
+          if (in_row(col) && count > 0) {
+            typename ST::template Params<PACK> prm;
+            prm.w = *slot(0, p);
+            prm.b = *slot(1, p);
+            st.template store<PACK>(buf[0] + p * PACK, row0, col, prm);
+          }
+        }
       } else {
         st.with_known_params([&](const auto& known) {
 #pragma unroll
@@ -405,8 +456,9 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       }
       if constexpr (EXACT) break;  // the grid has a group for every row group
     }
+    if constexpr (STAGED) copy_async_wait<0>();  // a group without a row copied them too
   };
-  if constexpr (EARLY) {
+  if constexpr (EARLY || STAGE) {
     store.with_known_params(row_loop);
   } else {
     row_loop(store);

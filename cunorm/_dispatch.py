@@ -593,6 +593,31 @@ def warp_wide_early(op: str, src: str, pack: int, residual: bool = False) -> boo
         src, src, pack)
 
 
+def warp_stage_bytes(op: str, src: str, pack: int, cfg: tuple[int, int, int],
+                     residual: bool = False) -> int:
+    """Dynamic shared memory (bytes) of a warp-path block of ``op`` whose kernel stages the
+    weight and bias there (rows.cuh rows_warp STAGE; norm.cu norm_warp_stages_params, the
+    same rule), else 0.
+
+    16-bit layer_norm without a residual, in full 16-byte packs, one row a group, parameters
+    not loaded early (:func:`warp_early_params`): each thread copies its columns' weight and
+    bias by cp.async before the row loop and reads them back at the stores. H200: +1.7-2.7%
+    at 512-1024 columns (rows.cuh has the measurements).
+
+    Examples
+    --------
+    >>> warp_stage_bytes("layer_norm", "float16", 8, (32, 32, 1))  # 1024 columns
+    8192
+    >>> warp_stage_bytes("layer_norm", "float16", 8, (16, 16, 1))  # 256: loaded early
+    0
+    """
+    per_thread, _, rows_per_group = cfg
+    if (op != "layer_norm" or residual or ITEMSIZE[src] != 2 or not full_packs(src, src, pack)
+            or rows_per_group != 1 or warp_early_params(cfg)):
+        return 0
+    return WARP_BLOCK * 2 * per_thread * ITEMSIZE[src]
+
+
 def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
                cfg: tuple[int, int, int], residual: bool = False) -> bool:
     """Whether a warp-path row of ``op`` over ``cols`` columns on the configuration ``cfg``
@@ -719,7 +744,7 @@ def block_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
 
 def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: int,
               props: DeviceProps, occ: Occupancy, force: str | None = None,
-              residual: bool = False) -> LaunchPlan:
+              residual: bool = False, params: bool = True) -> LaunchPlan:
     """Plan a row-wise launch over a (rows, cols) view.
 
     Parameters
@@ -741,6 +766,10 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         Path to force (one of ``ROW_PATHS``).
     residual : bool
         Norms only: the fused residual variant (normalizes and writes x + r).
+    params : bool
+        Norms only: every parameter the op takes is given (layer_norm's weight and bias,
+        rms_norm's weight); the warp rows that stage them need shared memory only then
+        (:func:`warp_stage_bytes`).
 
     Returns
     -------
@@ -776,7 +805,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         # the exact variant has no row loop: only where the grid covers every row
         exact = warp_exact(op, src, dst, pack, cols, cfg, residual) and blocks <= MAX_GRID
         return LaunchPlan("warp", warp_kernel(family, head, pack, cfg, exact),
-                          min(blocks, MAX_GRID), WARP_BLOCK, 0)
+                          min(blocks, MAX_GRID), WARP_BLOCK,
+                          warp_stage_bytes(op, src, pack, cfg, residual) if params else 0)
     if path == "block":
         if rows > BLOCK_MAX_ROWS:
             raise ValueError(f"path 'block' takes at most {BLOCK_MAX_ROWS} rows, got {rows}")

@@ -431,18 +431,21 @@ def _launch(call: _Call, dev: int, stream: int, pointers: tuple[int, ...], ldx: 
     align = _array.pack_alignment(operands, _array.stride_bits((ldx, ldy, ldr, cols)))
     forced = _dispatch.forced_path()
     residual = pointers[4] != 0
-    key = (dev, call.op, call.dtype, rows, cols, align, residual, forced)
+    # every parameter the op takes is given (rms_norm: its weight): warp rows that stage them
+    # need shared memory only then (_dispatch.warp_stage_bytes)
+    params = pointers[2] != 0 and (call.op == "rms_norm" or pointers[3] != 0)
+    key = (dev, call.op, call.dtype, rows, cols, align, residual, params, forced)
     entry = _PLANS.get(key)
     if entry is None:
         entry = _PLANS[key] = _make_plan(dev, call.op, call.dtype, rows, cols, align, residual,
-                                         forced)
+                                         params, forced)
     kernel, launch, plan = entry
     set_carveout(kernel, plan.carveout)
     launch.fire(stream, pointers, _scalars(rows, cols, ldx, ldy, ldr, call.eps))
 
 
 def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,
-               residual: bool, forced: str | None):
+               residual: bool, params: bool, forced: str | None):
     props = device_props(dev)
 
     def kernel_for(name: str):
@@ -454,7 +457,7 @@ def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,
 
     force = forced if forced in _dispatch.ROW_PATHS else None
     plan = _dispatch.plan_rows(op, dtype, dtype, rows, cols, align, props, occ, force,
-                               residual=residual)
+                               residual=residual, params=params)
     kernel = kernel_for(plan.kernel)
     return kernel, KernelLaunch(kernel, dev, plan.grid, plan.block, _PARAMS, plan.smem), plan
 

@@ -475,6 +475,45 @@ def test_rms_norm_rows_loading_their_weight_early(rng, dtype, cols, weight, grid
     check_stats("rms_norm", res, ref_mean, ref_rstd, np.dtype(dtype), 0.0)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("cols", [264, 296, 512, 600, 768, 1000, 1024])
+@pytest.mark.parametrize("params", ["both", "weight", "bias", "none"])
+@pytest.mark.parametrize("grid", ["one-row", "few-blocks"])
+def test_layer_norm_rows_staging_their_params(rng, dtype, cols, params, grid, planned):
+    """16-bit layer_norm rows of 264-1024 columns in full packs copy their weight and bias
+    into shared memory before the row loop (rows.cuh rows_warp STAGE, planned by
+    warp_stage_bytes): the plan carries the block's bytes where both are given, none
+    otherwise, and the output is right with both parameters (staged), with one or none (the
+    functor then tests them, nothing staged),
+    on padded rows (264, 296, 600, 1000) and exact ones; "few-blocks" caps the grid at 8
+    blocks so each group walks many rows on the parameters it staged once. Output, mean and
+    rstd against float64, into NaN-poisoned allocations, 37 rows."""
+    name = np.dtype(dtype).name
+    x, xh = random_input(rng, (37, cols), dtype)
+    w, b, wh, bh = affine(rng, "layer_norm", (cols,), dtype)
+    if params in ("bias", "none"):
+        w = wh = None
+    if params in ("weight", "none"):
+        b = bh = None
+    ref, ref_mean, ref_rstd = reference("layer_norm", xh, -1, wh, bh)
+    planned.clear()
+    with _dispatch.override_constants({"MAX_GRID": 8} if grid == "few-blocks" else {}), \
+            _dispatch.force_path("warp"), poisoned_allocations():
+        res = cunorm.layer_norm(x, w, b, return_stats=True)
+    plan = planned[-1]
+    args = plan.kernel[:-1].split(", ")
+    pack, cfg = int(args[-5]), tuple(int(a) for a in args[-4:-1])
+    assert plan.path == "warp" and plan.kernel.startswith("cunorm::norm_warp<"), plan
+    assert pack == 8 and cfg[2] == 1 and not _dispatch.warp_early_params(cfg), plan
+    staged = _dispatch.warp_stage_bytes("layer_norm", name, pack, cfg)
+    assert staged == plan.block * 2 * cfg[0] * 2, plan
+    assert plan.smem == (staged if params == "both" else 0), plan
+    err = rel_err(cupy.asnumpy(res[0]), ref)
+    assert err <= TOL[name], f"error {err:.3g}"
+    check_stats("layer_norm", res, ref_mean, ref_rstd, np.dtype(dtype),
+                float(np.abs(xh.astype(np.float64)).max()))
+
+
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=lambda d: np.dtype(d).name)

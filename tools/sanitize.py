@@ -21,9 +21,11 @@ from cunorm import _dispatch
 def main() -> int:
     bad = 0
     rng = np.random.default_rng(0)
-    # 200: narrowed warp groups with padding packs (16-bit: 25 packs on 16 lanes); 12288 and
-    # 16384: the block path in 768- and 1024-thread blocks
-    cases = [(3, 5), (5, 33), (5, 200), (7, 1000), (3, 1537), (2, 3000), (3, 12288),
+    # 200: narrowed warp groups with padding packs (16-bit: 25 packs on 16 lanes); 1000 and
+    # 1024: 16-bit layer_norm rows staging weight and bias in shared memory (rows.cuh rows_warp
+    # STAGE), in the general and the exact kernel; 12288 and 16384: the block path in 768-
+    # and 1024-thread blocks
+    cases = [(3, 5), (5, 33), (5, 200), (7, 1000), (3, 1024), (3, 1537), (2, 3000), (3, 12288),
              (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
     for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
         for rows, cols in cases:
