@@ -601,6 +601,7 @@ template <typename C, typename DST> struct DirectStore {
   DST* dst;
   i64 ld;
   static constexpr bool kParams = false;
+  static constexpr int kKnown = -1;  // no ParamsKnown: nothing to know
   static constexpr bool kBatchParams = false;
   template <int N> struct Params {};
   __device__ DirectStore(DST* d, i64 l) : dst(d), ld(l) {}
@@ -693,7 +694,7 @@ template <typename C, typename DST, int KNOWN = kParamsTested> struct AffineStor
     if (has_weight()) asm volatile("prefetch.global.L1 [%0];" ::"l"(weight + col));
     if (has_bias()) asm volatile("prefetch.global.L1 [%0];" ::"l"(bias + col));
   }
-  static constexpr int kKnown = KNOWN;
+  static constexpr int kKnown = KNOWN;  // which parameters the type knows present
   // Start copying the parameter packs of column col into shared memory (cp.async through L1,
   // where the block's other warps read the same packs; the caller commits and waits): the
   // weight's into w, the bias's into b (rows.cuh rows_warp STAGE). Through L2 only (.cg) the

@@ -224,8 +224,6 @@ __host__ __device__ constexpr bool warp_early_params(int cols, int group, int ro
 // -6.6% and rms_norm 512 -4.2%: ptxas read every pack's parameters back at once, 46 -> 64 and
 // 32 -> 39 registers), the residual forms (+0.3-0.5%, and float16 rms_norm's at 1024 columns
 // spilled), and 16-bit rms_norm, whose full-pack rows load their weight early (WIDE).
-template <class ST, bool P = ST::kParams> struct KnownParamsOf { static constexpr int value = -1; };
-template <class ST> struct KnownParamsOf<ST, true> { static constexpr int value = ST::kKnown; };
 template <int PACK, int COLS, int GROUP, int ROWS, bool EXACT = false, bool WIDE = false,
           bool STAGE = false, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const STORE& store,
@@ -278,8 +276,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   // the kernel's, which takes with_known_params per row group at its stores.
   const auto row_loop = [&](const auto& st) {
     typedef typename RemoveCvRef<decltype(st)>::type ST;
-    constexpr int KNOWN_P = KnownParamsOf<ST>::value;
-    constexpr bool STAGED = STAGE && KNOWN_P == kParamsBoth;
+    constexpr bool STAGED = STAGE && ST::kKnown == kParamsBoth;
     if constexpr (STAGED) {
       unsigned dynamic_bytes;
       asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));

@@ -767,9 +767,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
     residual : bool
         Norms only: the fused residual variant (normalizes and writes x + r).
     params : bool
-        Norms only: every parameter the op takes is given (layer_norm's weight and bias,
-        rms_norm's weight); the warp rows that stage them need shared memory only then
-        (:func:`warp_stage_bytes`).
+        layer_norm only: weight and bias are both given; the warp rows that stage them need
+        shared memory only then (:func:`warp_stage_bytes`).
 
     Returns
     -------

@@ -431,9 +431,9 @@ def _launch(call: _Call, dev: int, stream: int, pointers: tuple[int, ...], ldx: 
     align = _array.pack_alignment(operands, _array.stride_bits((ldx, ldy, ldr, cols)))
     forced = _dispatch.forced_path()
     residual = pointers[4] != 0
-    # every parameter the op takes is given (rms_norm: its weight): warp rows that stage them
-    # need shared memory only then (_dispatch.warp_stage_bytes)
-    params = pointers[2] != 0 and (call.op == "rms_norm" or pointers[3] != 0)
+    # weight and bias both given: layer_norm's warp rows that stage them need shared memory
+    # only then (_dispatch.warp_stage_bytes); rms_norm has no bias and stages nothing
+    params = pointers[2] != 0 and pointers[3] != 0
     key = (dev, call.op, call.dtype, rows, cols, align, residual, params, forced)
     entry = _PLANS.get(key)
     if entry is None:
