@@ -272,7 +272,8 @@ __host__ __device__ constexpr bool norm_warp_wide_early(bool rms, bool residual,
 }
 // Rows whose weight and bias rows.cuh rows_warp stages in shared memory (STAGE, with the
 // measurements): 16-bit layer_norm without a residual in full 16-byte packs, one row a group,
-// where warp_early_params does not load them early (group columns past 256).
+// where warp_early_params does not load them early: group columns past 256, and 32-column
+// rows (a group of 2 lanes; not measured on their own).
 // cunorm/_dispatch.py warp_stage_bytes mirrors the rule and plans the shared memory.
 __host__ __device__ constexpr bool norm_warp_stages_params(bool rms, bool residual,
                                                            int src_bytes, int pack, int cols,

@@ -600,9 +600,10 @@ def warp_stage_bytes(op: str, src: str, pack: int, cfg: tuple[int, int, int],
     same rule), else 0.
 
     16-bit layer_norm without a residual, in full 16-byte packs, one row a group, parameters
-    not loaded early (:func:`warp_early_params`): each thread copies its columns' weight and
-    bias by cp.async before the row loop and reads them back at the stores. H200: +1.7-2.7%
-    at 512-1024 columns (rows.cuh has the measurements).
+    not loaded early (:func:`warp_early_params`: 264-1536 columns, and 32, whose two-lane
+    groups span fewer than 64): each thread copies its columns' weight and bias by cp.async
+    before the row loop and reads them back at the stores. H200: +1.7-2.7% at 512-1024
+    columns (rows.cuh has the measurements; 32 columns not measured on their own).
 
     Examples
     --------

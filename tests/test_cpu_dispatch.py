@@ -259,7 +259,8 @@ def test_warp_early_params_rule() -> None:
 
 def test_warp_stage_params_rule() -> None:
     """Warp-path blocks of 16-bit layer_norm rows without a residual, in full packs, one row a
-    group and past the early-parameter rows (group columns > 256), get the shared memory in
+    group and outside the early-parameter rows (group columns < 64 or > 256), get the shared
+    memory in
     which their kernel stages weight and bias (rows.cuh rows_warp STAGE): a block's threads x
     2 parameters x values a lane x 2 bytes; every other warp plan gets none. The kernels' own
     rule (norm.cu norm_warp_stages_params) is checked as written."""
@@ -267,7 +268,7 @@ def test_warp_stage_params_rule() -> None:
     for op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
         for src in ("float16", "bfloat16", "float32", "float64"):
             for residual in ((False, True) if op in ("layer_norm", "rms_norm") else (False,)):
-                for cols in (64, 200, 256, 264, 300, 512, 520, 768, 1000, 1024):
+                for cols in (32, 48, 64, 200, 256, 264, 300, 512, 520, 768, 1000, 1024):
                     for align in (1, 2, 8):
                         plan = d.plan_rows(op, src, src, 4096, cols, align, H100,
                                            fake_occ(H100), "warp", residual)
@@ -276,13 +277,14 @@ def test_warp_stage_params_rule() -> None:
                         cfg = (int(args[-4]), int(args[-3]), int(args[-2]))
                         want = (op == "layer_norm" and not residual and src in ("float16",
                                 "bfloat16") and pack == 8 and cfg[2] == 1
-                                and cfg[0] * cfg[1] > 256)
+                                and not 64 <= cfg[0] * cfg[1] <= 256)
                         assert plan.smem == (d.WARP_BLOCK * 2 * cfg[0] * 2 if want else 0), (
                             op, src, residual, cols, align, plan)
                         if want:
                             staged[(src, cols)] = plan.smem
     assert staged[("float16", 1024)] == staged[("bfloat16", 1000)] == 8192
     assert staged[("float16", 512)] == 4096 and ("float16", 256) not in staged
+    assert staged[("bfloat16", 32)] == 64 * 2 * 16 * 2 and ("float16", 48) not in staged
     with d.override_constants({"WARP_BLOCK": 128}):
         plan = d.plan_rows("layer_norm", "float16", "float16", 4096, 1024, 8, H100,
                            fake_occ(H100), "warp")

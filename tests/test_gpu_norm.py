@@ -476,16 +476,16 @@ def test_rms_norm_rows_loading_their_weight_early(rng, dtype, cols, weight, grid
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("cols", [264, 296, 512, 600, 768, 1000, 1024])
+@pytest.mark.parametrize("cols", [32, 264, 296, 512, 600, 768, 1000, 1024])
 @pytest.mark.parametrize("params", ["both", "weight", "bias", "none"])
 @pytest.mark.parametrize("grid", ["one-row", "few-blocks"])
 def test_layer_norm_rows_staging_their_params(rng, dtype, cols, params, grid, planned):
-    """16-bit layer_norm rows of 264-1024 columns in full packs copy their weight and bias
-    into shared memory before the row loop (rows.cuh rows_warp STAGE, planned by
-    warp_stage_bytes): the plan carries the block's bytes where both are given, none
-    otherwise, and the output is right with both parameters (staged), with one or none (the
-    functor then tests them, nothing staged),
-    on padded rows (264, 296, 600, 1000) and exact ones; "few-blocks" caps the grid at 8
+    """16-bit layer_norm rows of 264-1024 columns (and 32: two lanes a row) in full packs copy
+    their weight and bias into shared memory before the row loop (rows.cuh rows_warp STAGE,
+    planned by warp_stage_bytes): the plan carries the block's bytes where both are given,
+    none otherwise, and the output is right with both parameters (staged), with one or none
+    (the functor then tests them, nothing staged), on padded rows (264, 296, 600, 1000) and
+    exact ones; "few-blocks" caps the grid at 8
     blocks so each group walks many rows on the parameters it staged once. Output, mean and
     rstd against float64, into NaN-poisoned allocations, 37 rows."""
     name = np.dtype(dtype).name
