@@ -280,6 +280,29 @@ def test_short_block_rows_at_full_occupancy(cols, log):
     assert rel_err(cupy.asnumpy(y), reference(xh, -1, log)) <= TOL["float32"]
 
 
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("rows", [1, 77, 4096])
+def test_float32_512_column_warp_rows_at_full_occupancy(rows, log):
+    """float32 rows of 512 columns (16 values a lane, the exact warp kernel) match the float64
+    reference, and their kernel has the registers of 16 resident 128-thread blocks (softmax.cu
+    softmax_warp_blocks: 32), so the planner's 64-thread blocks fill an SM's 32 block slots."""
+    from cunorm._device import device_props
+    from cunorm._kernels import get_kernel, occupancy
+
+    props = device_props(0)
+    op = "log_softmax" if log else "softmax"
+    cols = 512
+    plan = _dispatch.plan_rows(op, "float32", "float32", rows, cols, 4, props,
+                               lambda k, b, s: 4)
+    assert plan.path == "warp" and plan.kernel.endswith(", 4, 16, 32, 1, true>"), plan
+    kern = get_kernel(0, props.arch, _dispatch.kernel_file(plan.kernel), plan.kernel)
+    assert kern.num_regs <= 32 and occupancy(kern, 64, 0) >= 32, (plan.kernel, kern.num_regs)
+    x, xh = random_input((rows, cols), np.float32, seed=rows)
+    out = cupy.full((rows, cols), np.nan, dtype=np.float32)
+    (cunorm.log_softmax if log else cunorm.softmax)(x, out=out)
+    assert rel_err(cupy.asnumpy(out), reference(xh, -1, log)) <= TOL["float32"]
+
+
 # --- dtypes, output dtypes --------------------------------------------------------------
 @pytest.mark.parametrize("src,dst", [(np.float16, np.float32), (BF16, np.float32),
                                      (np.float32, np.float64), (np.float32, np.float16),

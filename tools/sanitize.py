@@ -24,9 +24,10 @@ def main() -> int:
     # 200: narrowed warp groups with padding packs (16-bit: 25 packs on 16 lanes); 1000 and
     # 1024: 16-bit layer_norm rows staging weight and bias in shared memory (rows.cuh rows_warp
     # STAGE), in the general and the exact kernel; 12288 and 16384: the block path in 768-
-    # and 1024-thread blocks
-    cases = [(3, 5), (5, 33), (5, 200), (7, 1000), (3, 1024), (3, 1537), (2, 3000), (3, 12288),
-             (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
+    # and 1024-thread blocks; 512: float32 softmax rows on the 32-register exact warp kernel
+    # (softmax.cu softmax_warp_blocks)
+    cases = [(3, 5), (5, 33), (5, 200), (3, 512), (7, 1000), (3, 1024), (3, 1537), (2, 3000),
+             (3, 12288), (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
     for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
         for rows, cols in cases:
             xh = rng.standard_normal((rows, cols)).astype(dt)
