@@ -270,6 +270,15 @@ __host__ __device__ constexpr bool norm_warp_wide_early(bool rms, bool residual,
                                                         int pack) {
   return rms && !residual && src_bytes == 2 && pack * src_bytes == 16;
 }
+// Rows whose parameters rows.cuh warp_early_params may load early from 32 columns (TINY, two
+// lanes of 16 values a row): 16-bit rms_norm and the 16-bit residual forms in full packs, on
+// the exact kernels (rows of exactly 32 columns), as measured (the general kernels, rows of
+// 17-31 columns, not measured; 16-bit layer_norm without a residual stages its weight and
+// bias there instead).
+__host__ __device__ constexpr bool norm_warp_tiny_early(bool rms, bool residual, int src_bytes,
+                                                        int pack, bool exact) {
+  return (rms || residual) && src_bytes == 2 && pack * src_bytes == 16 && exact;
+}
 // Rows whose weight and bias rows.cuh rows_warp stages in shared memory (STAGE, with the
 // measurements): 16-bit layer_norm without a residual in full 16-byte packs, one row a group,
 // where warp_early_params does not load them early: group columns past 256, and 32-column
@@ -282,6 +291,7 @@ __host__ __device__ constexpr bool norm_warp_stages_params(bool rms, bool residu
          !warp_early_params(cols, group, rows);
 }
 #define CUNORM_NORM_WARP_WIDE norm_warp_wide_early(RMS, RESIDUAL, sizeof(SRC), PACK)
+#define CUNORM_NORM_WARP_TINY norm_warp_tiny_early(RMS, RESIDUAL, sizeof(SRC), PACK, EXACT)
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS,
           bool EXACT>
 __global__ void __launch_bounds__(
@@ -292,15 +302,18 @@ __global__ void __launch_bounds__(
   // name it plans): the exact form lost 2-6% on these rows of layer_norm and 1% on float64
   // rms_norm's, and won 0.3-2.1% on 16-bit and float32 rms_norm's, whose store has no bias.
   static_assert(!EXACT || RESIDUAL || (RMS && sizeof(SRC) < 8) ||
-                    !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE),
+                    !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE,
+                                       CUNORM_NORM_WARP_TINY),
                 "only 16-bit and float32 rms_norm rows load their parameters early in exact "
                 "kernels without a residual");
   CUNORM_NORM_ROWS(
       (rows_warp<PACK, COLS, GROUP, ROWS, EXACT, CUNORM_NORM_WARP_WIDE,
-                 norm_warp_stages_params(RMS, RESIDUAL, sizeof(SRC), PACK, COLS, GROUP, ROWS)>),
+                 norm_warp_stages_params(RMS, RESIDUAL, sizeof(SRC), PACK, COLS, GROUP, ROWS),
+                 CUNORM_NORM_WARP_TINY>),
       false);
 }
 #undef CUNORM_NORM_WARP_WIDE
+#undef CUNORM_NORM_WARP_TINY
 
 // Resident 512-thread blocks the block kernels are compiled for, rows in full packs of at most
 // 16 values a thread (rows.cuh CUNORM_BLOCK_BOUNDS): 4 for 16-bit rows (32 registers), 2 for

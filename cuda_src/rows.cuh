@@ -205,9 +205,19 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // bit-identical. layer_norm's weight and bias early lost 0.8-1.3% at 512 columns, and at
 // 1000-1024 spilled at 64 and 80 registers and lost 2.2-2.6% at 96; the residual forms and
 // softmax did not move.
+// TINY (norm.cu norm_warp_tiny_early: 16-bit rms_norm and the 16-bit residual forms, in full
+// packs) extends the rule down to groups of 32 columns (two lanes of 16 values a row), where
+// the store had waited on the weight's load after the row's reductions. H200, 49152 rows, one
+// process, three rounds, GB/s, outputs bit-identical (benchmarks/results/nvidia-h200-2026-11-
+// 28-session70-f32-512-profile.txt section 7): rms_norm bfloat16 32 cols 910 -> 950, float16
+// 910 -> 950, with a residual 1409 -> 1456 / 1414 -> 1456, layer_norm with a residual float16
+// 1404 -> 1456, bfloat16 1414 -> 1462; the shipped form against the previous sources on
+// another H200: rms_norm and its residual form +2.6-4%, layer_norm's +0.7-1.4%; 38-64
+// registers, no spills. 16-bit layer_norm without a residual stages its parameters there
+// instead (STAGE, below; early not measured).
 __host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows,
-                                                     bool wide = false) {
-  return rows == 1 && group * cols >= 64 && group * cols <= (wide ? 1024 : 256);
+                                                     bool wide = false, bool tiny = false) {
+  return rows == 1 && group * cols >= (tiny ? 32 : 64) && group * cols <= (wide ? 1024 : 256);
 }
 // STAGE (norm.cu norm_warp_stages_params: 16-bit layer_norm rows without a residual in full
 // packs, one row a group, parameters not loaded early): where weight and bias are both
@@ -225,7 +235,7 @@ __host__ __device__ constexpr bool warp_early_params(int cols, int group, int ro
 // 32 -> 39 registers), the residual forms (+0.3-0.5%, and float16 rms_norm's at 1024 columns
 // spilled), and 16-bit rms_norm, whose full-pack rows load their weight early (WIDE).
 template <int PACK, int COLS, int GROUP, int ROWS, bool EXACT = false, bool WIDE = false,
-          bool STAGE = false, class OP, class LOAD, class STORE>
+          bool STAGE = false, bool TINY = false, class OP, class LOAD, class STORE>
 __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const STORE& store,
                                           i64 rows, i64 row_cols) {
   static_assert(COLS % PACK == 0, "COLS is a multiple of PACK");
@@ -234,7 +244,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
   typedef typename OP::S1 S1;
   constexpr int NPACK = COLS / PACK;
   constexpr int ROWS_PER_WARP = 32 / GROUP * ROWS;
-  constexpr bool EARLY = warp_early_params(COLS, GROUP, ROWS, WIDE);
+  constexpr bool EARLY = warp_early_params(COLS, GROUP, ROWS, WIDE, TINY);
   static_assert(!EARLY || ROWS == 1, "the early stores below name row 0 only");
   const int lane = threadIdx.x % GROUP;
   const int group_in_warp = (threadIdx.x % 32) / GROUP;

@@ -575,13 +575,22 @@ def warp_config(cols: int, pack: int, cbytes: int, family: str = "softmax",
     return k * pack, 32, 1
 
 
-def warp_early_params(cfg: tuple[int, int, int], wide: bool = False) -> bool:
+def warp_early_params(cfg: tuple[int, int, int], wide: bool = False,
+                      tiny: bool = False) -> bool:
     """Whether the warp kernel of configuration ``cfg`` (:func:`warp_config`) loads a norm's
     parameters with the row (rows.cuh warp_early_params, the same rule): groups of one row
     spanning 64-256 columns, or up to 1024 where ``wide`` (16-bit rms_norm without a
-    residual in full packs: :func:`warp_wide_early`)."""
+    residual in full packs: :func:`warp_wide_early`), or from 32 where ``tiny``
+    (:func:`warp_tiny_early`).
+
+    Examples
+    --------
+    >>> warp_early_params((16, 2, 1)), warp_early_params((16, 2, 1), tiny=True)  # 32 columns
+    (False, True)
+    """
     per_thread, group, rows_per_group = cfg
-    return rows_per_group == 1 and 64 <= group * per_thread <= (1024 if wide else 256)
+    return rows_per_group == 1 and (32 if tiny else 64) <= group * per_thread <= (
+        1024 if wide else 256)
 
 
 def warp_wide_early(op: str, src: str, pack: int, residual: bool = False) -> bool:
@@ -591,6 +600,18 @@ def warp_wide_early(op: str, src: str, pack: int, residual: bool = False) -> boo
     columns; layer_norm's weight and bias lost there)."""
     return op == "rms_norm" and not residual and ITEMSIZE.get(src) == 2 and full_packs(
         src, src, pack)
+
+
+def warp_tiny_early(op: str, src: str, pack: int, residual: bool = False,
+                    exact: bool = True) -> bool:
+    """Whether ``op``'s warp rows in packs of ``pack`` values load their parameters early from
+    32 columns on the ``exact`` kernel (norm.cu norm_warp_tiny_early): 16-bit rms_norm, and
+    16-bit layer_norm and rms_norm with a residual, in full 16-byte packs (+0.7-4.4% at 32
+    columns; the general kernels, rows of 17-31 columns, not measured; 16-bit layer_norm
+    without a residual stages its weight and bias there, :func:`warp_stage_bytes`). It moves
+    no plan: the exact kernel is planned for these rows either way (:func:`warp_exact`)."""
+    return exact and (op == "rms_norm" or (op == "layer_norm" and residual)) and ITEMSIZE.get(
+        src) == 2 and full_packs(src, src, pack)
 
 
 def warp_stage_bytes(op: str, src: str, pack: int, cfg: tuple[int, int, int],

@@ -232,9 +232,10 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
 
 
 def test_warp_early_params_rule() -> None:
-    """Groups of one row load a norm's parameters with the row from 64 to 256 columns, and up
-    to 1024 for 16-bit rms_norm without a residual in full 16-byte packs (rows.cuh
-    warp_early_params, norm.cu norm_warp_wide_early, whose numbers these mirror)."""
+    """Groups of one row load a norm's parameters with the row from 64 to 256 columns, up to
+    1024 for 16-bit rms_norm without a residual in full 16-byte packs, and from 32 for 16-bit
+    rms_norm and the 16-bit residual forms in full packs (rows.cuh warp_early_params, norm.cu
+    norm_warp_wide_early and norm_warp_tiny_early, whose numbers these mirror)."""
     assert d.warp_wide_early("rms_norm", "float16", 8)
     assert d.warp_wide_early("rms_norm", "bfloat16", 8)
     for op, src, pack, residual in [("rms_norm", "float16", 8, True),
@@ -250,11 +251,29 @@ def test_warp_early_params_rule() -> None:
                               ((8, 32, 2), False, False), ((1, 32, 1), False, False),
                               ((40, 32, 1), False, False)]:
         assert d.warp_early_params(cfg) == narrow and d.warp_early_params(cfg, True) == wide, cfg
+    # 32 columns (two lanes of 16 values): only where tiny
+    for cfg, tiny in [((16, 2, 1), True), ((8, 4, 1), True), ((16, 2, 2), False),
+                      ((8, 2, 1), False)]:
+        assert not d.warp_early_params(cfg) and d.warp_early_params(cfg, tiny=True) == tiny, cfg
+    for op, src, pack, residual in [("rms_norm", "float16", 8, False),
+                                    ("rms_norm", "bfloat16", 8, True),
+                                    ("layer_norm", "float16", 8, True)]:
+        assert d.warp_tiny_early(op, src, pack, residual), (op, src, pack, residual)
+    for op, src, pack, residual in [("layer_norm", "float16", 8, False),  # staged instead
+                                    ("rms_norm", "float16", 4, False),  # not full packs
+                                    ("rms_norm", "float32", 4, False),
+                                    ("layer_norm", "float64", 2, True),
+                                    ("softmax", "bfloat16", 8, False)]:
+        assert not d.warp_tiny_early(op, src, pack, residual), (op, src, pack, residual)
+    assert not d.warp_tiny_early("rms_norm", "float16", 8, exact=False)  # rows of 17-31 cols
     # the kernels' own rule, as written in the sources
     rows_cuh = (Path(d.__file__).parent.parent / "cuda_src" / "rows.cuh").read_text()
-    assert "group * cols <= (wide ? 1024 : 256)" in rows_cuh
+    assert ("rows == 1 && group * cols >= (tiny ? 32 : 64) && group * cols <= (wide ? 1024 : "
+            "256)") in rows_cuh
     norm_cu = (Path(d.__file__).parent.parent / "cuda_src" / "norm.cu").read_text()
     assert "return rms && !residual && src_bytes == 2 && pack * src_bytes == 16;" in norm_cu
+    assert ("return (rms || residual) && src_bytes == 2 && pack * src_bytes == 16 && exact;"
+            in norm_cu)
 
 
 def test_warp_stage_params_rule() -> None:
