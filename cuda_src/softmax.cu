@@ -355,9 +355,9 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 // and 16 (32 registers) for float32 rows of 16 values a lane on the exact kernels (rows of
 // exactly 512 columns, no padding or row loop), which ptxas fits in 32 without spilling (nvcc
 // 13, sm_80 and sm_90; tests/test_nvcc.py; the looped kernels of 385-511 columns spilled 8-12
-// bytes on sm_90 and keep 4; not measured at 40). At the 48 it
-// chose, 21 of the planner's 64-thread blocks fit an SM (42 warps, 84 KB of row in flight);
-// at 32, 32 of them (64 warps, 128 KB). H200, 49152 rows, one process, three rounds
+// bytes on sm_90 and keep 4; not measured at 40). At the 48 (softmax) and 56 (log_softmax)
+// it chose on sm_90, 21 and 18 of the planner's 64-thread blocks fit an SM (42 and 36 warps,
+// 84 and 72 KB of row in flight); at 32, 32 of them (64 warps, 128 KB). H200, 49152 rows, one process, three rounds
 // against the shipped kernel, GB/s (ratio to torch.compile), three H200s: softmax float32 512
 // cols 3848 -> 3874 (0.987 -> 0.994), 3813 -> 3844 (0.987 -> 0.995), 3804 -> 3843 (0.984 ->
 // 0.995); log_softmax 3847 -> 3872, 3795 -> 3848, 3813 -> 3846 (0.989 -> 0.998). Every warp
@@ -371,17 +371,21 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 // (benchmarks/results/nvidia-h200-2026-11-28-session70-f32-512-profile.txt).
 // CUNORM_SOFTMAX_WARP_BLOCKS overrides the count for measurement.
 __host__ __device__ constexpr int softmax_warp_blocks(int src_bytes, int dst_bytes, int pack,
-                                                      int cols, bool exact) {
+                                                      int cols, int group, int rows,
+                                                      bool exact) {
 #ifdef CUNORM_SOFTMAX_WARP_BLOCKS
   return CUNORM_SOFTMAX_WARP_BLOCKS;
 #else
-  return src_bytes == 4 && dst_bytes == 4 && pack * 4 == 16 && cols == 16 && exact ? 16 : 4;
+  return src_bytes == 4 && dst_bytes == 4 && pack * src_bytes == 16 && cols == 16 &&
+                 group == 32 && rows == 1 && exact
+             ? 16
+             : 4;
 #endif
 }
 template <typename SRC, typename DST, bool LOG, int PACK, int COLS, int GROUP, int ROWS,
           bool EXACT>
 __global__ void __launch_bounds__(128, softmax_warp_blocks(sizeof(SRC), sizeof(DST), PACK, COLS,
-                                                           EXACT))
+                                                           GROUP, ROWS, EXACT))
     softmax_warp(const SRC* x, DST* y, i64 rows, i64 cols, i64 ldx, i64 ldy) {
   CUNORM_SOFTMAX_ROWS((rows_warp<PACK, COLS, GROUP, ROWS, EXACT>), false);
 }
