@@ -213,8 +213,8 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // 910 -> 950, with a residual 1409 -> 1456 / 1414 -> 1456, layer_norm with a residual float16
 // 1404 -> 1456, bfloat16 1414 -> 1462; the shipped form against the previous sources on
 // another H200: rms_norm and its residual form +2.6-4%, layer_norm's +0.7-1.4%; 40-56
-// registers on sm_90, 38-63 on sm_80, no spills. 16-bit layer_norm without a residual stages its parameters there
-// instead (STAGE, below; early not measured).
+// registers on sm_90, 38-63 on sm_80, no spills. 16-bit layer_norm without a residual stages
+// its parameters there instead (STAGE, below; early not measured).
 __host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows,
                                                      bool wide = false, bool tiny = false) {
   return rows == 1 && group * cols >= (tiny ? 32 : 64) && group * cols <= (wide ? 1024 : 256);

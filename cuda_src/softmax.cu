@@ -357,13 +357,13 @@ __device__ __forceinline__ void softmax_strided_impl(const SRC* x, DST* y, i64 o
 // 13, sm_80 and sm_90; tests/test_nvcc.py; the looped kernels of 385-511 columns spilled 8-12
 // bytes on sm_90 and keep 4; not measured at 40). At the 48 (softmax) and 56 (log_softmax)
 // it chose on sm_90, 21 and 18 of the planner's 64-thread blocks fit an SM (42 and 36 warps,
-// 84 and 72 KB of row in flight); at 32, 32 of them (64 warps, 128 KB). H200, 49152 rows, one process, three rounds
-// against the shipped kernel, GB/s (ratio to torch.compile), three H200s: softmax float32 512
-// cols 3848 -> 3874 (0.987 -> 0.994), 3813 -> 3844 (0.987 -> 0.995), 3804 -> 3843 (0.984 ->
-// 0.995); log_softmax 3847 -> 3872, 3795 -> 3848, 3813 -> 3846 (0.989 -> 0.998). Every warp
-// kernel capped at 32 moved nothing at float32 64, 256 and 1024 columns or float16 512, and
-// spilled float16 1024 (0.45x); a cap of 40 (12 blocks) gained as much at 512 in the one
-// run that tried it.
+// 84 and 72 KB of row in flight); at 32, 32 of them (64 warps, 128 KB). H200, 49152 rows,
+// one process, three rounds against the shipped kernel, GB/s (ratio to torch.compile), three
+// H200s: softmax float32 512 cols 3848 -> 3874 (0.987 -> 0.994), 3813 -> 3844 (0.987 ->
+// 0.995), 3804 -> 3843 (0.984 -> 0.995); log_softmax 3847 -> 3872, 3795 -> 3848, 3813 ->
+// 3846 (0.989 -> 0.998). Every warp kernel capped at 32 moved nothing at float32 64, 256 and
+// 1024 columns or float16 512, and spilled float16 1024 (0.45x); a cap of 40 (12 blocks)
+// gained as much at 512 in the one run that tried it.
 // Inductor's kernel there (one warp of two rows a program, 64 registers) has a shorter fixed
 // part: t = fixed + bytes / steady over 49152 and 196608 rows, cunorm 5.6-6.1 us against
 // 4.5-4.9 at the same steady rate (4270-4300 GB/s); splitting the row's max and sum chains
