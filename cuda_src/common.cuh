@@ -523,17 +523,27 @@ template <typename SRC, typename C, bool L2_KEEP = false> struct ResidualLoad {
   // compiler knows; cunorm/norm.py allocates it fresh), so kernels holding several packs
   // stage all of them before landing the first (rows.cuh fetch_packs); fetched one after the
   // other, each pack waited on memory in turn (PTX of norm_warp<half_t, false, true, 8, 32,
-  // 32, 1>: ld x, ld r, st h, four times over).
+  // 32, 1>: ld x, ld r, st h, four times over). The staged packs are held as 32-bit words
+  // (Words; fetch_packs zeroes them and fills the valid ones under a test): held as 16-bit
+  // elements, ptxas moved each tested pack's halves into the zeroed slots right after its
+  // loads, so each next pack's loads waited on memory (sm_90, 16-bit rows of 64 columns: four
+  // rows a lane, four round trips instead of one). H200, 49152 rows, one process, three
+  // rounds, GB/s, outputs (y and h) bit-identical, three GPUs (benchmarks/results/nvidia-h200-
+  // 2026-11-28-session71-staged-words-profile.txt): 16-bit rows of 64 columns +5.3-8.7%
+  // (layer_norm float16 2092 -> 2203, bfloat16 2097 -> 2280; rms_norm float16 2155 -> 2280,
+  // bfloat16 2108 -> 2280), 96 +4.9-9.8%, 128 +0-5.0%; 32 and 256-1024 columns and float32
+  // rows within 0.4%.
   static constexpr bool kStaged = true;
-  template <int N> struct Staged { Pack<SRC, N> a, b; };
+  template <int N> struct Staged { Words<Pack<SRC, N>> a, b; };
   template <int N> __device__ __forceinline__ Staged<N> stage(i64 row, i64 col) const {
-    return Staged<N>{x.template fetch<N>(row, col), r.template fetch<N>(row, col)};
+    return Staged<N>{to_words(x.template fetch<N>(row, col)),
+                     to_words(r.template fetch<N>(row, col))};
   }
   template <int N>
   __device__ __forceinline__ Pack<SRC, N> land(const Staged<N>& s, i64 row, i64 col) const {
     C ca[N], cb[N];
-    pack_to_compute<C>(s.a, ca);
-    pack_to_compute<C>(s.b, cb);
+    pack_to_compute<C>(from_words(s.a), ca);
+    pack_to_compute<C>(from_words(s.b), cb);
     Pack<SRC, N> sum;
 #pragma unroll
     for (int i = 0; i < N; ++i) sum.v[i] = from_compute<SRC>(ca[i] + cb[i]);
