@@ -50,7 +50,8 @@ path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 1
 of 1000-1536 columns on the block path against the warp path, ``warp-norm-sources``: the
 norms' warp-path rows against $CUNORM_BASE_SOURCES, ``convert-sources``: bfloat16 rows,
 ``block-row-sources``: block-path rows of every row op, ``warp-row-sources``: warp-path
-rows, ``smem-store-sources``: the norms' shared-memory and cluster rows);
+rows, ``residual-row-sources``: the fused residual norms' warp-path rows,
+``smem-store-sources``: the norms' shared-memory and cluster rows);
 ``attention-tiles`` the D = 64 attention kernel with other key tiles, ``attention-sources``
 attention built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
@@ -120,6 +121,7 @@ COMMANDS = {
     "convert-sources": _against_base(cases=norms.CONVERT_CASES),
     "block-row-sources": _against_base(cases=norms.BLOCK_ROW_CASES),
     "warp-row-sources": _against_base(rounds=3, cases=norms.WARP_ROW_CASES),
+    "residual-row-sources": _against_base(rounds=3, cases=norms.RESIDUAL_ROW_CASES),
     "smem-store-sources": _against_base(cases=norms.SMEM_STORE_CASES),
     "long-affine-cost": lambda: norms.affine_cost(24576, norms.LONG_AFFINE_CASES),
     "warp-edge-blocks": lambda: block_variants(norms.WARP_EDGE_CASES, norms.WARP_EDGE_VARIANTS,

@@ -537,6 +537,14 @@ WARP_ROW_CASES += [("layer_norm_residual", "float32", 1024), ("rms_norm_residual
 WARP_ROW_CASES += [("softmax", "float16", c) for c in (64, 256, 512, 1024)]
 WARP_ROW_CASES += [("softmax", "float32", 1024), ("log_softmax", "float16", 256),
                    ("log_softmax", "float16", 1024)]
+# The fused residual norms' warp rows (residual-row-sources): the lane's staged x and r packs
+# (common.cuh ResidualLoad::Staged; session 71 held them as 32-bit words, which moved 16-bit
+# rows of 64-128 columns, the spread and two-row groups, and nothing else); float32 rows for
+# comparison.
+RESIDUAL_ROW_CASES = [(op, dt, c) for op in ("layer_norm_residual", "rms_norm_residual")
+                      for dt in ("float16", "bfloat16") for c in (32, 64, 96, 128, 256, 1024)]
+RESIDUAL_ROW_CASES += [("layer_norm_residual", "float32", 64),
+                       ("rms_norm_residual", "float32", 128)]
 
 
 # Rows of the norms' shared-memory and cluster paths, for a build of rows.cuh rows_smem against
