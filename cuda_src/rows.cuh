@@ -314,19 +314,16 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
       // (a lane of one pack fetches it as before: nothing to issue ahead)
       constexpr int STAGE = ROWS * NPACK == 1 ? 1 : stage_packs<LOAD, PACK>(
           true, COLS * sizeof(typename LOAD::raw_t) >= 128 ? 2 : CUNORM_STAGE_PACKS);
+      // Pack at row, col of a staged LOAD (only ResidualLoad stages, and CLAMP_ROWS excludes
+      // it: its landing writes h, so rows past the end are tested, not read from the last)
+      const auto staged_at = [&](i64 row, unsigned col) {
+        return PackAt<unsigned>{row, col, row < rows && in_row(col)};
+      };
       if constexpr (STAGE > 1 && NPACK < STAGE) {
         // rows of fewer packs than STAGE: the group's rows together (pack u of row u / NPACK;
         // float32 32 columns, two rows a group, 1996 -> 2117 GB/s)
         fetch_packs<ROWS * NPACK, PACK, STAGE>(
-            load,
-            [&](int u) {
-              const i64 row = row0 + u / NPACK;
-              const unsigned col = pack_col(u % NPACK);
-              if constexpr (CLAMP_ROWS)
-                return PackAt<unsigned>{row >= rows ? rows - 1 : row, col, true};
-              else
-                return PackAt<unsigned>{row, col, row < rows && in_row(col)};
-            },
+            load, [&](int u) { return staged_at(row0 + u / NPACK, pack_col(u % NPACK)); },
             [&](int u, const RawPack& v) { raw[u / NPACK][u % NPACK] = to_words(v); });
       } else if constexpr (STAGE > 1) {
         // row by row (one fetch_packs over all the group's packs spilled the 1024-column
@@ -334,15 +331,7 @@ __device__ __forceinline__ void rows_warp(const OP& op, const LOAD& load, const 
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
           fetch_packs<NPACK, PACK, STAGE>(
-              load,
-              [&](int p) {
-                const unsigned col = pack_col(p);
-                const i64 row = row0 + r;
-                if constexpr (CLAMP_ROWS)
-                  return PackAt<unsigned>{row >= rows ? rows - 1 : row, col, true};
-                else
-                  return PackAt<unsigned>{row, col, row < rows && in_row(col)};
-              },
+              load, [&](int p) { return staged_at(row0 + r, pack_col(p)); },
               [&](int p, const RawPack& v) { raw[r][p] = to_words(v); });
         }
       } else {
