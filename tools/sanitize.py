@@ -1,8 +1,12 @@
 """Drive every softmax, layer_norm, rms_norm and attention kernel path on small inputs, for
 compute-sanitizer.
 
-Usage: ``compute-sanitizer --tool memcheck python tools/sanitize.py`` (also racecheck).
-Exits non-zero if any result is wrong, so a sanitizer run also checks correctness.
+Usage: ``compute-sanitizer --tool memcheck python tools/sanitize.py [PART ...]`` (also
+racecheck), PART one of ``softmax`` (softmax and log_softmax on every row path and the
+strided paths), ``norms`` (layer_norm and rms_norm on every row path) and ``attention``;
+all three without one. Under racecheck a part takes minutes (attention minutes a shape), so
+the parts can run in separate calls. Exits non-zero if any result is wrong, so a sanitizer
+run also checks correctness.
 """
 
 from __future__ import annotations
@@ -17,19 +21,43 @@ import numpy as np
 import cunorm
 from cunorm import _dispatch
 
+PARTS = ("softmax", "norms", "attention")
+DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
+# (rows, cols) of the row ops. 32: 16-bit norm rows on the exact two-lane kernel that loads
+# its parameters with the row; 200: narrowed warp groups with padding packs (16-bit: 25
+# packs on 16 lanes); 1000 and 1024: 16-bit layer_norm rows staging weight and bias in shared
+# memory (rows.cuh rows_warp STAGE), in the general and the exact kernel; 12288 and 16384:
+# the block path in 768- and 1024-thread blocks; 512: float32 softmax rows on the
+# 32-register exact warp kernel (softmax.cu softmax_warp_blocks)
+ROW_CASES = [(3, 5), (6, 32), (5, 33), (5, 200), (3, 512), (7, 1000), (3, 1024), (3, 1537),
+             (2, 3000), (3, 12288), (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
 
-def main() -> int:
+
+def main(parts: tuple[str, ...] = PARTS) -> int:
     bad = 0
-    rng = np.random.default_rng(0)
-    # 200: narrowed warp groups with padding packs (16-bit: 25 packs on 16 lanes); 1000 and
-    # 1024: 16-bit layer_norm rows staging weight and bias in shared memory (rows.cuh rows_warp
-    # STAGE), in the general and the exact kernel; 12288 and 16384: the block path in 768-
-    # and 1024-thread blocks; 512: float32 softmax rows on the 32-register exact warp kernel
-    # (softmax.cu softmax_warp_blocks)
-    cases = [(3, 5), (5, 33), (5, 200), (3, 512), (7, 1000), (3, 1024), (3, 1537), (2, 3000),
-             (3, 12288), (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
-    for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
-        for rows, cols in cases:
+    if "softmax" in parts:
+        bad += check_softmax(np.random.default_rng(0))
+    if "norms" in parts:
+        bad += check_norms(np.random.default_rng(2), ROW_CASES)
+    if "attention" in parts:
+        bad += check_attention(np.random.default_rng(1))
+    cupy.cuda.Device().synchronize()
+    print(f"sanitize driver ({', '.join(parts)}): {bad} wrong results")
+    return 1 if bad else 0
+
+
+def _progress(what: str, started: float) -> None:
+    """A line a dtype, so a sanitizer run that stalls or times out shows how far it got."""
+    print(f"{what}: {time.perf_counter() - started:.1f} s", flush=True)
+
+
+def check_softmax(rng: np.random.Generator) -> int:
+    """softmax and log_softmax on every row path, then softmax on the strided paths: wrong
+    results are counted."""
+    bad = 0
+    for dt in DTYPES:
+        started = time.perf_counter()
+        for rows, cols in ROW_CASES:
             xh = rng.standard_normal((rows, cols)).astype(dt)
             x = cupy.asarray(xh)
             ref = np.exp(xh.astype(np.float64) - xh.astype(np.float64).max(-1, keepdims=True))
@@ -63,11 +91,8 @@ def main() -> int:
                 if not np.allclose(s, 1, atol=2e-2):
                     print(f"WRONG strided {path} {consts} {np.dtype(dt).name} {shape}")
                     bad += 1
-    bad += check_norms(rng, cases)
-    bad += check_attention(rng)
-    cupy.cuda.Device().synchronize()
-    print(f"sanitize driver: {bad} wrong results")
-    return 1 if bad else 0
+        _progress(f"softmax {np.dtype(dt).name}", started)
+    return bad
 
 
 def norm_reference(rms: bool, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
@@ -86,8 +111,9 @@ def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
     """layer_norm / rms_norm with weight (and bias), with and without a residual, with
     return_stats, on every row path the dispatcher can force: wrong results are counted."""
     bad = 0
-    for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
+    for dt in DTYPES:
         name = np.dtype(dt).name
+        started = time.perf_counter()
         for rows, cols in cases:
             xh = (rng.standard_normal((rows, cols)) * 2 + 0.5).astype(dt)
             rh = rng.standard_normal((rows, cols)).astype(dt)
@@ -127,6 +153,7 @@ def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
                             tag = " residual" if residual else ""
                             print(f"WRONG {op}{tag} {path} {name} {rows}x{cols}")
                             bad += 1
+        _progress(f"norms {name}", started)
     return bad
 
 
@@ -145,7 +172,7 @@ def check_attention(rng: np.random.Generator) -> int:
     # None keeps the planner's choice; one-block persistent grids take every row tile in turn
     choices = ((1, None, None, None), (3, None, None, None), (1, 1, None, None),
                (1, 2, None, None), (1, 1, 1, None), (1, 2, 1, None), (None, None, None, True))
-    for dt in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64):
+    for dt in DTYPES:
         for b, hq, hkv, lq, lk, d, dv in shapes:
             started = time.perf_counter()
             q = cupy.asarray(rng.standard_normal((b, lq, hq, d)).astype(dt)).transpose(0, 2, 1, 3)
@@ -174,5 +201,9 @@ def check_attention(rng: np.random.Generator) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    chosen = tuple(sys.argv[1:]) or PARTS
+    unknown = sorted(set(chosen) - set(PARTS))
+    if unknown:
+        sys.exit(f"tools/sanitize.py: unknown part(s) {unknown}; expected some of {PARTS}")
+    sys.exit(main(chosen))
 
