@@ -271,27 +271,27 @@ __host__ __device__ constexpr bool norm_warp_wide_early(bool rms, bool residual,
   return rms && !residual && src_bytes == 2 && pack * src_bytes == 16;
 }
 // Rows whose parameters rows.cuh warp_early_params may load early from 32 columns (TINY, two
-// lanes of 16 values a row): 16-bit rms_norm and the 16-bit residual forms in full packs, on
-// the exact kernels (rows of exactly 32 columns), as measured (the general kernels, rows of
-// 17-31 columns, not measured; 16-bit layer_norm without a residual stages its weight and
-// bias there instead).
-__host__ __device__ constexpr bool norm_warp_tiny_early(bool rms, bool residual, int src_bytes,
-                                                        int pack, bool exact) {
-  return (rms || residual) && src_bytes == 2 && pack * src_bytes == 16 && exact;
+// lanes of 16 values a row): the 16-bit norms in full packs, on the exact kernels (rows of
+// exactly 32 columns), as measured (the general kernels, rows of 17-31 columns or more rows
+// than one grid covers, not measured; 16-bit layer_norm without a residual stages its weight
+// and bias there).
+__host__ __device__ constexpr bool norm_warp_tiny_early(int src_bytes, int pack, bool exact) {
+  return src_bytes == 2 && pack * src_bytes == 16 && exact;
 }
 // Rows whose weight and bias rows.cuh rows_warp stages in shared memory (STAGE, with the
 // measurements): 16-bit layer_norm without a residual in full 16-byte packs, one row a group,
 // where warp_early_params does not load them early: group columns past 256, and 32-column
-// rows (a group of 2 lanes; not measured on their own).
+// rows (a group of 2 lanes) on the general kernel (the exact one loads them early, TINY).
 // cunorm/_dispatch.py warp_stage_bytes mirrors the rule and plans the shared memory.
 __host__ __device__ constexpr bool norm_warp_stages_params(bool rms, bool residual,
                                                            int src_bytes, int pack, int cols,
-                                                           int group, int rows) {
+                                                           int group, int rows, bool exact) {
   return !rms && !residual && src_bytes == 2 && pack * src_bytes == 16 && rows == 1 &&
-         !warp_early_params(cols, group, rows);
+         !warp_early_params(cols, group, rows, false,
+                            norm_warp_tiny_early(src_bytes, pack, exact));
 }
 #define CUNORM_NORM_WARP_WIDE norm_warp_wide_early(RMS, RESIDUAL, sizeof(SRC), PACK)
-#define CUNORM_NORM_WARP_TINY norm_warp_tiny_early(RMS, RESIDUAL, sizeof(SRC), PACK, EXACT)
+#define CUNORM_NORM_WARP_TINY norm_warp_tiny_early(sizeof(SRC), PACK, EXACT)
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, int GROUP, int ROWS,
           bool EXACT>
 __global__ void __launch_bounds__(
@@ -299,16 +299,17 @@ __global__ void __launch_bounds__(
                           CUNORM_NORM_WARP_WIDE && warp_early_params(COLS, GROUP, ROWS, true)))
     norm_warp(CUNORM_NORM_PARAMS) {
   // cunorm/_dispatch.py warp_exact mirrors this rule (and tests/test_nvcc.py compiles every
-  // name it plans): the exact form lost 2-6% on these rows of layer_norm and 1% on float64
-  // rms_norm's, and won 0.3-2.1% on 16-bit and float32 rms_norm's, whose store has no bias.
+  // name it plans): the exact form lost 2-6% on these rows of layer_norm (64-256 columns)
+  // and 1% on float64 rms_norm's, and won 0.3-2.1% on 16-bit and float32 rms_norm's, whose
+  // store has no bias. 32-column 16-bit rows load them early only on the exact kernel (TINY).
   static_assert(!EXACT || RESIDUAL || (RMS && sizeof(SRC) < 8) ||
-                    !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE,
-                                       CUNORM_NORM_WARP_TINY),
+                    !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE),
                 "only 16-bit and float32 rms_norm rows load their parameters early in exact "
-                "kernels without a residual");
+                "kernels without a residual (and 16-bit rows of 32 columns)");
   CUNORM_NORM_ROWS(
       (rows_warp<PACK, COLS, GROUP, ROWS, EXACT, CUNORM_NORM_WARP_WIDE,
-                 norm_warp_stages_params(RMS, RESIDUAL, sizeof(SRC), PACK, COLS, GROUP, ROWS),
+                 norm_warp_stages_params(RMS, RESIDUAL, sizeof(SRC), PACK, COLS, GROUP, ROWS,
+                                         EXACT),
                  CUNORM_NORM_WARP_TINY>),
       false);
 }

@@ -205,16 +205,20 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // bit-identical. layer_norm's weight and bias early lost 0.8-1.3% at 512 columns, and at
 // 1000-1024 spilled at 64 and 80 registers and lost 2.2-2.6% at 96; the residual forms and
 // softmax did not move.
-// TINY (norm.cu norm_warp_tiny_early: 16-bit rms_norm and the 16-bit residual forms, in full
-// packs) extends the rule down to groups of 32 columns (two lanes of 16 values a row), where
-// the store had waited on the weight's load after the row's reductions. H200, 49152 rows, one
+// TINY (norm.cu norm_warp_tiny_early: the 16-bit norms in full packs, exact kernels) extends
+// the rule down to groups of 32 columns (two lanes of 16 values a row), where the store had
+// waited on the weight's load after the row's reductions. H200, 49152 rows, one
 // process, three rounds, GB/s, outputs bit-identical (benchmarks/results/nvidia-h200-2026-11-
 // 28-session70-f32-512-profile.txt section 7): rms_norm bfloat16 32 cols 910 -> 950, float16
 // 910 -> 950, with a residual 1409 -> 1456 / 1414 -> 1456, layer_norm with a residual float16
 // 1404 -> 1456, bfloat16 1414 -> 1462; the shipped form against the previous sources on
 // another H200: rms_norm and its residual form +2.6-4%, layer_norm's +0.7-1.4%; 40-56
-// registers on sm_90, 38-63 on sm_80, no spills. 16-bit layer_norm without a residual stages
-// its parameters there instead (STAGE, below; early not measured).
+// registers on sm_90, 38-63 on sm_80, no spills. 16-bit layer_norm without a residual staged
+// its weight and bias there (STAGE, below) until session 72; staged / early / neither, one
+// process, three rounds, median GB/s, outputs bit-identical (benchmarks/results/
+// nvidia-h200-2026-11-28-session72-ln32-early-profile.txt): 49152 rows float16 945 / 959 /
+// 954, bfloat16 932 / 969 / 950; 196608 rows float16 2053 / 2222 / 2120, bfloat16 2027 /
+// 2228 / 2143 (torch.compile 1003 and 2234-2247); 55-56 registers (staged 48).
 __host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows,
                                                      bool wide = false, bool tiny = false) {
   return rows == 1 && group * cols >= (tiny ? 32 : 64) && group * cols <= (wide ? 1024 : 256);

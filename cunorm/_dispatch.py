@@ -602,29 +602,31 @@ def warp_wide_early(op: str, src: str, pack: int, residual: bool = False) -> boo
         src, src, pack)
 
 
-def warp_tiny_early(op: str, src: str, pack: int, residual: bool = False,
-                    exact: bool = True) -> bool:
+def warp_tiny_early(op: str, src: str, pack: int, exact: bool = True) -> bool:
     """Whether ``op``'s warp rows in packs of ``pack`` values load their parameters early from
-    32 columns on the ``exact`` kernel (norm.cu norm_warp_tiny_early): 16-bit rms_norm, and
-    16-bit layer_norm and rms_norm with a residual, in full 16-byte packs (+0.7-4.4% at 32
-    columns; the general kernels, rows of 17-31 columns, not measured; 16-bit layer_norm
-    without a residual stages its weight and bias there, :func:`warp_stage_bytes`). It moves
-    no plan: the exact kernel is planned for these rows either way (:func:`warp_exact`)."""
-    return exact and (op == "rms_norm" or (op == "layer_norm" and residual)) and ITEMSIZE.get(
-        src) == 2 and full_packs(src, src, pack)
+    32 columns on the ``exact`` kernel (norm.cu norm_warp_tiny_early): the 16-bit norms, with
+    or without a residual, in full 16-byte packs (rms_norm and the residual forms +0.7-4.4% at
+    32 columns; layer_norm without a residual +1.5-4.0% over staging its weight and bias,
+    +8-10% at 196608 rows; the general kernels, rows of 17-31 columns or more rows than one
+    grid covers, not measured). It moves no kernel name: the exact kernel is planned for
+    these rows either way (:func:`warp_exact`), but layer_norm's no longer stages
+    (:func:`warp_stage_bytes`)."""
+    return exact and op in ("layer_norm", "rms_norm") and ITEMSIZE.get(src) == 2 and full_packs(
+        src, src, pack)
 
 
 def warp_stage_bytes(op: str, src: str, pack: int, cfg: tuple[int, int, int],
-                     residual: bool = False) -> int:
+                     residual: bool = False, exact: bool = False) -> int:
     """Dynamic shared memory (bytes) of a warp-path block of ``op`` whose kernel stages the
     weight and bias there (rows.cuh rows_warp STAGE; norm.cu norm_warp_stages_params, the
-    same rule), else 0.
+    same rule), else 0. ``exact``: the plan's kernel is the exact variant (:func:`warp_exact`).
 
     16-bit layer_norm without a residual, in full 16-byte packs, one row a group, parameters
     not loaded early (:func:`warp_early_params`: 264-1536 columns, and 32, whose two-lane
-    groups span fewer than 64): each thread copies its columns' weight and bias by cp.async
+    groups span fewer than 64, on the general kernel only: the exact one loads them early,
+    :func:`warp_tiny_early`): each thread copies its columns' weight and bias by cp.async
     before the row loop and reads them back at the stores. H200: +1.7-2.7% at 512-1024
-    columns (rows.cuh has the measurements; 32 columns not measured on their own).
+    columns (rows.cuh has the measurements).
 
     Examples
     --------
@@ -632,10 +634,15 @@ def warp_stage_bytes(op: str, src: str, pack: int, cfg: tuple[int, int, int],
     8192
     >>> warp_stage_bytes("layer_norm", "float16", 8, (16, 16, 1))  # 256: loaded early
     0
+    >>> warp_stage_bytes("layer_norm", "float16", 8, (16, 2, 1))  # 32, general kernel
+    4096
+    >>> warp_stage_bytes("layer_norm", "float16", 8, (16, 2, 1), exact=True)  # loaded early
+    0
     """
     per_thread, _, rows_per_group = cfg
     if (op != "layer_norm" or residual or ITEMSIZE[src] != 2 or not full_packs(src, src, pack)
-            or rows_per_group != 1 or warp_early_params(cfg)):
+            or rows_per_group != 1
+            or warp_early_params(cfg, tiny=warp_tiny_early(op, src, pack, exact))):
         return 0
     return WARP_BLOCK * 2 * per_thread * ITEMSIZE[src]
 
@@ -827,7 +834,7 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         exact = warp_exact(op, src, dst, pack, cols, cfg, residual) and blocks <= MAX_GRID
         return LaunchPlan("warp", warp_kernel(family, head, pack, cfg, exact),
                           min(blocks, MAX_GRID), WARP_BLOCK,
-                          warp_stage_bytes(op, src, pack, cfg, residual) if params else 0)
+                          warp_stage_bytes(op, src, pack, cfg, residual, exact) if params else 0)
     if path == "block":
         if rows > BLOCK_MAX_ROWS:
             raise ValueError(f"path 'block' takes at most {BLOCK_MAX_ROWS} rows, got {rows}")

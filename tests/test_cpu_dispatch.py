@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
+import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -233,8 +234,8 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
 
 def test_warp_early_params_rule() -> None:
     """Groups of one row load a norm's parameters with the row from 64 to 256 columns, up to
-    1024 for 16-bit rms_norm without a residual in full 16-byte packs, and from 32 for 16-bit
-    rms_norm and the 16-bit residual forms in full packs (rows.cuh warp_early_params, norm.cu
+    1024 for 16-bit rms_norm without a residual in full 16-byte packs, and from 32 for the
+    16-bit norms in full packs on exact kernels (rows.cuh warp_early_params, norm.cu
     norm_warp_wide_early and norm_warp_tiny_early, whose numbers these mirror)."""
     assert d.warp_wide_early("rms_norm", "float16", 8)
     assert d.warp_wide_early("rms_norm", "bfloat16", 8)
@@ -255,55 +256,56 @@ def test_warp_early_params_rule() -> None:
     for cfg, tiny in [((16, 2, 1), True), ((8, 4, 1), True), ((16, 2, 2), False),
                       ((8, 2, 1), False)]:
         assert not d.warp_early_params(cfg) and d.warp_early_params(cfg, tiny=True) == tiny, cfg
-    for op, src, pack, residual in [("rms_norm", "float16", 8, False),
-                                    ("rms_norm", "bfloat16", 8, True),
-                                    ("layer_norm", "float16", 8, True)]:
-        assert d.warp_tiny_early(op, src, pack, residual), (op, src, pack, residual)
-    for op, src, pack, residual in [("layer_norm", "float16", 8, False),  # staged instead
-                                    ("rms_norm", "float16", 4, False),  # not full packs
-                                    ("rms_norm", "float32", 4, False),
-                                    ("layer_norm", "float64", 2, True),
-                                    ("softmax", "bfloat16", 8, False)]:
-        assert not d.warp_tiny_early(op, src, pack, residual), (op, src, pack, residual)
+    for op, src, pack in [("rms_norm", "float16", 8), ("rms_norm", "bfloat16", 8),
+                          ("layer_norm", "float16", 8), ("layer_norm", "bfloat16", 8)]:
+        assert d.warp_tiny_early(op, src, pack), (op, src, pack)
+    for op, src, pack in [("rms_norm", "float16", 4),  # not full packs
+                          ("rms_norm", "float32", 4), ("layer_norm", "float64", 2),
+                          ("softmax", "bfloat16", 8)]:
+        assert not d.warp_tiny_early(op, src, pack), (op, src, pack)
     assert not d.warp_tiny_early("rms_norm", "float16", 8, exact=False)  # rows of 17-31 cols
+    assert not d.warp_tiny_early("layer_norm", "float16", 8, exact=False)  # staged instead
     # the kernels' own rule, as written in the sources
     rows_cuh = (Path(d.__file__).parent.parent / "cuda_src" / "rows.cuh").read_text()
     assert ("rows == 1 && group * cols >= (tiny ? 32 : 64) && group * cols <= (wide ? 1024 : "
             "256)") in rows_cuh
     norm_cu = (Path(d.__file__).parent.parent / "cuda_src" / "norm.cu").read_text()
     assert "return rms && !residual && src_bytes == 2 && pack * src_bytes == 16;" in norm_cu
-    assert ("return (rms || residual) && src_bytes == 2 && pack * src_bytes == 16 && exact;"
-            in norm_cu)
+    assert "return src_bytes == 2 && pack * src_bytes == 16 && exact;" in norm_cu
 
 
 def test_warp_stage_params_rule() -> None:
     """Warp-path blocks of 16-bit layer_norm rows without a residual, in full packs, one row a
-    group and outside the early-parameter rows (group columns < 64 or > 256), get the shared
-    memory in
-    which their kernel stages weight and bias (rows.cuh rows_warp STAGE): a block's threads x
-    2 parameters x values a lane x 2 bytes; every other warp plan gets none. The kernels' own
-    rule (norm.cu norm_warp_stages_params) is checked as written."""
+    group and outside the early-parameter rows (group columns < 64 or > 256, or < 32 on the
+    exact kernel, which loads them early from 32: norm.cu norm_warp_tiny_early), get the
+    shared memory in which their kernel stages weight and bias (rows.cuh rows_warp STAGE): a
+    block's threads x 2 parameters x values a lane x 2 bytes; every other warp plan gets none.
+    The kernels' own rule (norm.cu norm_warp_stages_params) is checked as written."""
     staged = {}
     for op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
         for src in ("float16", "bfloat16", "float32", "float64"):
             for residual in ((False, True) if op in ("layer_norm", "rms_norm") else (False,)):
                 for cols in (32, 48, 64, 200, 256, 264, 300, 512, 520, 768, 1000, 1024):
-                    for align in (1, 2, 8):
-                        plan = d.plan_rows(op, src, src, 4096, cols, align, H100,
+                    # 4096 rows: one grid covers them (exact kernels where the row fills its
+                    # packs); MAX_GRID x 64 rows: the general kernel's row loop
+                    for rows, align in itertools.product((4096, d.MAX_GRID * 64), (1, 2, 8)):
+                        plan = d.plan_rows(op, src, src, rows, cols, align, H100,
                                            fake_occ(H100), "warp", residual)
                         args = template_args(plan.kernel)[1]
                         pack = int(args[-5])
                         cfg = (int(args[-4]), int(args[-3]), int(args[-2]))
+                        exact = args[-1] == "true"
                         want = (op == "layer_norm" and not residual and src in ("float16",
                                 "bfloat16") and pack == 8 and cfg[2] == 1
-                                and not 64 <= cfg[0] * cfg[1] <= 256)
+                                and not (32 if exact else 64) <= cfg[0] * cfg[1] <= 256)
                         assert plan.smem == (d.WARP_BLOCK * 2 * cfg[0] * 2 if want else 0), (
                             op, src, residual, cols, align, plan)
                         if want:
-                            staged[(src, cols)] = plan.smem
-    assert staged[("float16", 1024)] == staged[("bfloat16", 1000)] == 8192
-    assert staged[("float16", 512)] == 4096 and ("float16", 256) not in staged
-    assert staged[("bfloat16", 32)] == 64 * 2 * 16 * 2 and ("float16", 48) not in staged
+                            staged[(src, cols, exact)] = plan.smem
+    assert staged[("float16", 1024, True)] == staged[("bfloat16", 1000, False)] == 8192
+    assert staged[("float16", 512, True)] == 4096 and ("float16", 256, False) not in staged
+    assert staged[("bfloat16", 32, False)] == 64 * 2 * 16 * 2
+    assert ("bfloat16", 32, True) not in staged and ("float16", 48, False) not in staged
     with d.override_constants({"WARP_BLOCK": 128}):
         plan = d.plan_rows("layer_norm", "float16", "float16", 4096, 1024, 8, H100,
                            fake_occ(H100), "warp")
@@ -314,7 +316,9 @@ def test_warp_stage_params_rule() -> None:
     assert plan.smem == 0 and plan.kernel.startswith("cunorm::norm_warp<"), plan
     norm_cu = (Path(d.__file__).parent.parent / "cuda_src" / "norm.cu").read_text()
     assert ("return !rms && !residual && src_bytes == 2 && pack * src_bytes == 16 && rows == 1 "
-            "&&\n         !warp_early_params(cols, group, rows);") in norm_cu
+            "&&\n         !warp_early_params(cols, group, rows, false,\n"
+            "                            norm_warp_tiny_early(src_bytes, pack, exact));"
+            in norm_cu)
 
 
 @pytest.mark.parametrize(("op", "residual"), [("softmax", False), ("layer_norm", False),

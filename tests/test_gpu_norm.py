@@ -480,14 +480,16 @@ def test_rms_norm_rows_loading_their_weight_early(rng, dtype, cols, weight, grid
 @pytest.mark.parametrize("params", ["both", "weight", "bias", "none"])
 @pytest.mark.parametrize("grid", ["one-row", "few-blocks"])
 def test_layer_norm_rows_staging_their_params(rng, dtype, cols, params, grid, planned):
-    """16-bit layer_norm rows of 264-1024 columns (and 32: two lanes a row) in full packs copy
-    their weight and bias into shared memory before the row loop (rows.cuh rows_warp STAGE,
-    planned by warp_stage_bytes): the plan carries the block's bytes where both are given,
-    none otherwise, and the output is right with both parameters (staged), with one or none
-    (the functor then tests them, nothing staged), on padded rows (264, 296, 600, 1000) and
-    exact ones; "few-blocks" caps the grid at 8
-    blocks so each group walks many rows on the parameters it staged once. Output, mean and
-    rstd against float64, into NaN-poisoned allocations, 37 rows."""
+    """16-bit layer_norm rows of 264-1024 columns (and 32, two lanes a row, on the general
+    kernel) in full packs copy their weight and bias into shared memory before the row loop
+    (rows.cuh rows_warp STAGE, planned by warp_stage_bytes): the plan carries the block's
+    bytes where both are given, none otherwise, and the output is right with both parameters
+    (staged), with one or none (the functor then tests them, nothing staged), on padded rows
+    (264, 296, 600, 1000) and exact ones; "few-blocks" caps the grid at 8 blocks (1 at 32
+    columns, so the general kernel runs) so each group walks many rows on the parameters it
+    staged once. The exact 32-column kernel ("one-row") loads them with the row instead
+    (norm.cu norm_warp_tiny_early) and stages nothing. Output, mean and rstd against
+    float64, into NaN-poisoned allocations, 37 rows."""
     name = np.dtype(dtype).name
     x, xh = random_input(rng, (37, cols), dtype)
     w, b, wh, bh = affine(rng, "layer_norm", (cols,), dtype)
@@ -497,16 +499,20 @@ def test_layer_norm_rows_staging_their_params(rng, dtype, cols, params, grid, pl
         b = bh = None
     ref, ref_mean, ref_rstd = reference("layer_norm", xh, -1, wh, bh)
     planned.clear()
-    with _dispatch.override_constants({"MAX_GRID": 8} if grid == "few-blocks" else {}), \
+    few = {"MAX_GRID": 1 if cols == 32 else 8}
+    with _dispatch.override_constants(few if grid == "few-blocks" else {}), \
             _dispatch.force_path("warp"), poisoned_allocations():
         res = cunorm.layer_norm(x, w, b, return_stats=True)
     plan = planned[-1]
     args = plan.kernel[:-1].split(", ")
-    pack, cfg = int(args[-5]), tuple(int(a) for a in args[-4:-1])
+    pack, cfg, exact = int(args[-5]), tuple(int(a) for a in args[-4:-1]), args[-1] == "true"
     assert plan.path == "warp" and plan.kernel.startswith("cunorm::norm_warp<"), plan
     assert pack == 8 and cfg[2] == 1 and not _dispatch.warp_early_params(cfg), plan
-    staged = _dispatch.warp_stage_bytes("layer_norm", name, pack, cfg)
-    assert staged == plan.block * 2 * cfg[0] * 2, plan
+    early = cols == 32 and grid == "one-row"
+    assert exact == (early or (cols in (512, 768, 1024) and grid == "one-row")), plan
+    assert _dispatch.warp_early_params(cfg, tiny=exact) == early, plan
+    staged = _dispatch.warp_stage_bytes("layer_norm", name, pack, cfg, exact=exact)
+    assert staged == (0 if early else plan.block * 2 * cfg[0] * 2), plan
     assert plan.smem == (staged if params == "both" else 0), plan
     err = rel_err(cupy.asnumpy(res[0]), ref)
     assert err <= TOL[name], f"error {err:.3g}"
