@@ -218,7 +218,8 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // process, three rounds, median GB/s, outputs bit-identical (benchmarks/results/
 // nvidia-h200-2026-11-28-session72-ln32-early-profile.txt): 49152 rows float16 945 / 959 /
 // 954, bfloat16 932 / 969 / 950; 196608 rows float16 2053 / 2222 / 2120, bfloat16 2027 /
-// 2228 / 2143 (torch.compile 1003 and 2234-2247); 55-56 registers (staged 48).
+// 2228 / 2143 (torch.compile 1003 and 2234-2247); staged -> early on a second H200 +2.5-3.4%
+// and +9.0-9.2%; 55-56 registers (staged 48).
 __host__ __device__ constexpr bool warp_early_params(int cols, int group, int rows,
                                                      bool wide = false, bool tiny = false) {
   return rows == 1 && group * cols >= (tiny ? 32 : 64) && group * cols <= (wide ? 1024 : 256);
