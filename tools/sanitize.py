@@ -47,7 +47,8 @@ def main(parts: tuple[str, ...] = PARTS) -> int:
 
 
 def _progress(what: str, started: float) -> None:
-    """A line a dtype, so a sanitizer run that stalls or times out shows how far it got."""
+    """A line a dtype (attention: a shape), so a sanitizer run that stalls or times out
+    shows how far it got."""
     print(f"{what}: {time.perf_counter() - started:.1f} s", flush=True)
 
 
@@ -194,9 +195,7 @@ def check_attention(rng: np.random.Generator) -> int:
                               f" causal={causal}"
                               f" mask={m is not None}")
                         bad += 1
-            # a sanitizer run that stalls shows which shape it stalled on
-            print(f"attention {np.dtype(dt).name} {(b, hq, hkv, lq, lk, d, dv)}: "
-                  f"{time.perf_counter() - started:.1f} s", flush=True)
+            _progress(f"attention {np.dtype(dt).name} {(b, hq, hkv, lq, lk, d, dv)}", started)
     return bad
 
 
