@@ -299,13 +299,17 @@ __global__ void __launch_bounds__(
                           CUNORM_NORM_WARP_WIDE && warp_early_params(COLS, GROUP, ROWS, true)))
     norm_warp(CUNORM_NORM_PARAMS) {
   // cunorm/_dispatch.py warp_exact mirrors this rule (and tests/test_nvcc.py compiles every
-  // name it plans): the exact form lost 2-6% on these rows of layer_norm (64-256 columns)
-  // and 1% on float64 rms_norm's, and won 0.3-2.1% on 16-bit and float32 rms_norm's, whose
-  // store has no bias. 32-column 16-bit rows load them early only on the exact kernel (TINY).
+  // name it plans): the exact form lost 0.5-6% on these rows of layer_norm (64-128 columns,
+  // float32 256) and 1% on float64 rms_norm's, and won 0.3-2.1% on 16-bit and float32
+  // rms_norm's, whose store has no bias, and 1.8-3.1% on 16-bit layer_norm's of 256 columns
+  // (16 lanes of 16 values). 32-column 16-bit rows load them early only on the exact kernel
+  // (TINY).
   static_assert(!EXACT || RESIDUAL || (RMS && sizeof(SRC) < 8) ||
+                    (!RMS && sizeof(SRC) == 2 && COLS * GROUP == 256) ||
                     !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE),
-                "only 16-bit and float32 rms_norm rows load their parameters early in exact "
-                "kernels without a residual (and 16-bit rows of 32 columns)");
+                "only 16-bit and float32 rms_norm rows and 16-bit layer_norm rows of 256 "
+                "columns load their parameters early in exact kernels without a residual (and "
+                "16-bit rows of 32 columns)");
   CUNORM_NORM_ROWS(
       (rows_warp<PACK, COLS, GROUP, ROWS, EXACT, CUNORM_NORM_WARP_WIDE,
                  norm_warp_stages_params(RMS, RESIDUAL, sizeof(SRC), PACK, COLS, GROUP, ROWS,

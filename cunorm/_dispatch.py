@@ -133,7 +133,11 @@ WARP_BLOCK = 64
 # rms_norm +0.4-2.4%, the residual forms +0.4-1.9%, softmax and log_softmax -0.7% to +4.3%
 # (16-bit 32 cols). Norm rows without a residual that load their parameters with the row
 # (warp_early_params) lost 2-6% in layer_norm (bfloat16 128 cols 2129 -> 1998 GB/s) and keep
-# the general kernel there; rms_norm's, whose store has no bias code (common.cuh
+# the general kernel there, but 16-bit rows of 256 columns (16 lanes of 16 values, 56
+# registers against 64), H200 GPU-8c737ab1, one process, three rounds, general -> exact
+# (benchmarks/results/nvidia-h200-2026-11-28-session72-ln32-early-profile.txt section 8):
+# float16 2693 -> 2776 GB/s (+3.1%), bfloat16 2735 -> 2784 (+1.8%); float16 128 cols -1.9%,
+# float32 64-256 -0.5% to -2.7% keep it. rms_norm's, whose store has no bias code (common.cuh
 # kParamsNoBias), gained in 16-bit and float32 and lost in float64, which keeps it too. H200,
 # one process, three rounds, general -> exact (benchmarks/results/
 # nvidia-h200-2026-11-27-rms-store-profile.txt): rms_norm float16 128 cols +1.3%, bfloat16
@@ -653,7 +657,8 @@ def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
     (values per thread, group width, rows per group; :func:`warp_config`) takes the exact
     kernel variant: the row fills the group's full 16-byte packs (rows.cuh rows_warp EXACT),
     except layer_norm's (which has a bias) and float64 rms_norm's rows that load their
-    parameters early without a residual (WARP_EXACT_FAMILIES).
+    parameters early without a residual (WARP_EXACT_FAMILIES), but for 16-bit layer_norm
+    rows of 256 columns.
 
     Examples
     --------
@@ -661,8 +666,10 @@ def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
     True
     >>> warp_exact("rms_norm", "float16", "float16", 8, 1000, (32, 32, 1))  # 24 cols padding
     False
-    >>> warp_exact("layer_norm", "float16", "float16", 8, 256, (16, 16, 1))  # early
+    >>> warp_exact("layer_norm", "float16", "float16", 8, 128, (16, 8, 1))  # early
     False
+    >>> warp_exact("layer_norm", "float16", "float16", 8, 256, (16, 16, 1))  # early, measured
+    True
     >>> warp_exact("rms_norm", "float16", "float16", 8, 256, (16, 16, 1))  # no bias
     True
     >>> warp_exact("rms_norm", "float64", "float64", 2, 128, (4, 32, 1))
@@ -671,9 +678,11 @@ def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
     True
     """
     family = kernel_head(op, src, dst, residual)[0]
-    # (the wide rule, warp_wide_early, covers neither layer_norm nor float64)
+    # (the wide rule, warp_wide_early, covers neither layer_norm nor float64); 16-bit
+    # layer_norm rows of 256 columns (16 lanes of 16 values) gained on the exact kernel
+    ln16_256 = op == "layer_norm" and ITEMSIZE.get(src) == 2 and cfg[0] * cfg[1] == 256
     if (family == "norm" and not residual and (op == "layer_norm" or src == "float64")
-            and warp_early_params(cfg)):
+            and warp_early_params(cfg) and not ln16_256):
         return False
     return (family in WARP_EXACT_FAMILIES and full_packs(src, dst, pack)
             and cfg[0] * cfg[1] == cols)

@@ -197,8 +197,8 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
     """The warp path takes its exact kernel (rows.cuh rows_warp EXACT: no column predicates,
     no row loop) exactly where the row fills the lane group's full 16-byte packs, and only in
     a grid that covers every row, except the rows that load their parameters early without a
-    residual in layer_norm and float64 rms_norm; the kernels it names are compiled
-    (:func:`cunorm._dispatch.all_kernel_names`)."""
+    residual in layer_norm (but 16-bit rows of 256 columns) and float64 rms_norm; the kernels
+    it names are compiled (:func:`cunorm._dispatch.all_kernel_names`)."""
     listed = set(d.all_kernel_names(90))
     full = 16 // ITEMSIZE[src]
     exact_cols = set()
@@ -213,9 +213,11 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
             pack, per_thread, group = int(args[-5]), int(args[-4]), int(args[-3])
             exact = args[-1] == "true"
             # rows that load their parameters early keep the general kernel in layer_norm
-            # (bias included) and float64, not in rms_norm's other dtypes
+            # (bias included; 16-bit rows of 256 columns excepted) and float64, not in
+            # rms_norm's other dtypes
             early = (op == "layer_norm" or (op == "rms_norm" and src == "float64")) and (
-                not residual and d.warp_early_params((per_thread, group, int(args[-2]))))
+                not residual and d.warp_early_params((per_thread, group, int(args[-2])))) and (
+                not (op == "layer_norm" and ITEMSIZE[src] == 2 and per_thread * group == 256))
             assert exact == (pack == full and per_thread * group == cols and not early), (
                 cols, align, plan)
             assert plan.kernel in listed, plan.kernel
@@ -223,6 +225,8 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
                 exact_cols.add(cols)
                 assert pack == align
     assert {512, 1024} <= exact_cols  # the powers of two ML rows take
+    if op == "layer_norm" and not residual:  # early parameters: 256 only, in 16-bit
+        assert (256 in exact_cols) == (ITEMSIZE[src] == 2) and 128 not in exact_cols
     # A grid that cannot cover every row keeps the row loop.
     cols = 512
     with d.override_constants({"MAX_GRID": 16}):

@@ -586,9 +586,11 @@ def test_exact_warp_kernels_match_the_general_ones(rng, op, dtype, cols, residua
                 res = call(op, x, w, b, **kwargs)
             assert planned[-1].path == "warp", planned
             cfg = tuple(int(a) for a in planned[-1].kernel[:-1].split(", ")[-4:-1])
-            # layer_norm's and float64's rows that load their parameters early stay general
+            # layer_norm's and float64's rows that load their parameters early stay general,
+            # but 16-bit layer_norm rows of 256 columns (measured faster exact)
             early = (not residual and _dispatch.warp_early_params(cfg)
-                     and (op == "layer_norm" or name == "float64"))
+                     and (op == "layer_norm" or name == "float64")
+                     and not (op == "layer_norm" and _dispatch.ITEMSIZE[name] == 2 and cols == 256))
             assert planned[-1].kernel.endswith(", true>") == (exact and not early), planned
             outs[exact] = [cupy.asnumpy(a).astype(np.float64) for a in res]
         for got, want in zip(outs[True], outs[False], strict=True):
