@@ -137,12 +137,23 @@ WARP_BLOCK = 64
 # registers against 64), H200 GPU-8c737ab1, one process, three rounds, general -> exact
 # (benchmarks/results/nvidia-h200-2026-11-28-session72-ln32-early-profile.txt section 8):
 # float16 2693 -> 2776 GB/s (+3.1%), bfloat16 2735 -> 2784 (+1.8%); float16 128 cols -1.9%,
-# float32 64-256 -0.5% to -2.7% keep it. rms_norm's, whose store has no bias code (common.cuh
+# float32 64-256 -0.5% to -2.7% keep it. Those 256-column rows take the exact kernel on grids
+# of at least WARP_EXACT_EARLY_SM_BLOCKS blocks an SM only (warp_exact_min_blocks). rms_norm's,
+# whose store has no bias code (common.cuh
 # kParamsNoBias), gained in 16-bit and float32 and lost in float64, which keeps it too. H200,
 # one process, three rounds, general -> exact (benchmarks/results/
 # nvidia-h200-2026-11-27-rms-store-profile.txt): rms_norm float16 128 cols +1.3%, bfloat16
 # +2.1%, 256 +0-0.4%, float32 64 +1.3%, 128-256 +0.3-0.5%, float64 64 +0.9%, 128-192 -1.1%.
 WARP_EXACT_FAMILIES = ("norm", "softmax")
+# Blocks an SM from which 16-bit layer_norm rows of 256 columns take the exact kernel
+# (warp_exact_min_blocks): it streams faster, yet short calls lost on it, and the more the
+# fewer rows. H200, one process, three rounds, exact / general (block count a grid of 64-thread
+# blocks of 4 rows; benchmarks/results/nvidia-h200-2026-11-28-session73-ln256-exact-profile.txt):
+# GPU-cb651390 float16 12288 rows (23 blocks an SM) 0.957, 24576 (47) 0.974, 36864 (70)
+# 1.004, 49152 (93) 0.991, 73728 1.012, 98304 1.018, 147456 1.028, 196608 1.035;
+# GPU-1d688dec float16 / bfloat16 24576 0.971 / 0.959, 49152 1.005 / 0.997, 196608 1.038 /
+# 1.038; GPU-0ea89ee7 49152 1.022 / 1.011, 196608 1.043 / 1.039.
+WARP_EXACT_EARLY_SM_BLOCKS = 64
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.
 BLOCK_MAX_COLS = {2: 4096, 4: 4096, 8: 0}
@@ -658,7 +669,7 @@ def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
     kernel variant: the row fills the group's full 16-byte packs (rows.cuh rows_warp EXACT),
     except layer_norm's (which has a bias) and float64 rms_norm's rows that load their
     parameters early without a residual (WARP_EXACT_FAMILIES), but for 16-bit layer_norm
-    rows of 256 columns.
+    rows of 256 columns (on large grids only: :func:`warp_exact_min_blocks`).
 
     Examples
     --------
@@ -678,14 +689,38 @@ def warp_exact(op: str, src: str, dst: str, pack: int, cols: int,
     True
     """
     family = kernel_head(op, src, dst, residual)[0]
-    # (the wide rule, warp_wide_early, covers neither layer_norm nor float64); 16-bit
-    # layer_norm rows of 256 columns (16 lanes of 16 values) gained on the exact kernel
-    ln16_256 = op == "layer_norm" and ITEMSIZE.get(src) == 2 and cfg[0] * cfg[1] == 256
+    # (the wide rule, warp_wide_early, covers neither layer_norm nor float64)
     if (family == "norm" and not residual and (op == "layer_norm" or src == "float64")
-            and warp_early_params(cfg) and not ln16_256):
+            and warp_early_params(cfg) and not _layer_norm16_256(op, src, cfg, residual)):
         return False
     return (family in WARP_EXACT_FAMILIES and full_packs(src, dst, pack)
             and cfg[0] * cfg[1] == cols)
+
+
+def _layer_norm16_256(op: str, src: str, cfg: tuple[int, int, int], residual: bool) -> bool:
+    """16-bit layer_norm rows without a residual whose groups span 256 columns, one row a
+    group (16 lanes of 16 values), loading weight and bias early: the early rows that may take
+    the exact kernel (:func:`warp_exact`) on large grids (:func:`warp_exact_min_blocks`)."""
+    return (op == "layer_norm" and not residual and ITEMSIZE.get(src) == 2
+            and cfg[0] * cfg[1] == 256 and warp_early_params(cfg))
+
+
+def warp_exact_min_blocks(op: str, src: str, cfg: tuple[int, int, int], sm_count: int,
+                          residual: bool = False) -> int:
+    """The fewest blocks a grid of ``op``'s warp rows on configuration ``cfg`` needs to take
+    the exact kernel :func:`warp_exact` allows: WARP_EXACT_EARLY_SM_BLOCKS an SM for 16-bit
+    layer_norm rows of 256 columns (exact 3-4% slower on small grids, 4% faster on large
+    ones), else 0.
+
+    Examples
+    --------
+    >>> warp_exact_min_blocks("layer_norm", "float16", (16, 16, 1), 132)
+    8448
+    >>> warp_exact_min_blocks("rms_norm", "float16", (16, 16, 1), 132)
+    0
+    """
+    return (WARP_EXACT_EARLY_SM_BLOCKS * sm_count
+            if _layer_norm16_256(op, src, cfg, residual) else 0)
 
 
 def warp_kernel(family: str, head: str, pack: int, cfg: tuple[int, int, int],
@@ -840,7 +875,8 @@ def plan_rows(op: str, src: str, dst: str, rows: int, cols: int, align_elems: in
         per_thread, group, rows_per_group = cfg
         blocks = _cdiv(rows, WARP_BLOCK // group * rows_per_group)
         # the exact variant has no row loop: only where the grid covers every row
-        exact = warp_exact(op, src, dst, pack, cols, cfg, residual) and blocks <= MAX_GRID
+        exact = (warp_exact(op, src, dst, pack, cols, cfg, residual) and blocks <= MAX_GRID
+                 and blocks >= warp_exact_min_blocks(op, src, cfg, props.sm_count, residual))
         return LaunchPlan("warp", warp_kernel(family, head, pack, cfg, exact),
                           min(blocks, MAX_GRID), WARP_BLOCK,
                           warp_stage_bytes(op, src, pack, cfg, residual, exact) if params else 0)

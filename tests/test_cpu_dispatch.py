@@ -204,9 +204,10 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
     exact_cols = set()
     for cols in range(1, 64 * full * 32 + 1):
         for align in (1, full):
-            try:
-                plan = d.plan_rows(op, src, src, 4096, cols, align, H100, fake_occ(H100), "warp",
-                                   residual)
+            try:  # (no grid too small for the exact kernel: test_warp_exact_min_blocks)
+                with d.override_constants({"WARP_EXACT_EARLY_SM_BLOCKS": 0}):
+                    plan = d.plan_rows(op, src, src, 4096, cols, align, H100, fake_occ(H100),
+                                       "warp", residual)
             except ValueError:  # the row does not fit the warp path's registers
                 continue
             args = template_args(plan.kernel)[1]
@@ -234,6 +235,23 @@ def test_warp_exact_variant(op: str, src: str, residual: bool) -> None:
                            residual)
     assert plan.grid == 16 and template_args(plan.kernel)[1][-1] == "false", plan
 
+
+
+@pytest.mark.parametrize("src", ["float16", "bfloat16"])
+def test_warp_exact_min_blocks(src: str) -> None:
+    """16-bit layer_norm rows of 256 columns (16 lanes of 16 values, 4 rows a 64-thread
+    block) take the exact kernel from WARP_EXACT_EARLY_SM_BLOCKS blocks an SM on; rms_norm's,
+    the residual forms' and 512-column rows at any grid."""
+    edge = d.WARP_EXACT_EARLY_SM_BLOCKS * H100.sm_count * 4  # rows of the smallest exact grid
+    for op, cols, residual, rows, exact in [
+            ("layer_norm", 256, False, edge - 4, False), ("layer_norm", 256, False, edge, True),
+            ("layer_norm", 256, False, 4 * edge, True), ("layer_norm", 256, True, 64, True),
+            ("rms_norm", 256, False, 64, True), ("layer_norm", 512, False, 64, True),
+            ("layer_norm", 128, False, 4 * edge, False)]:
+        plan = d.plan_rows(op, src, src, rows, cols, 8, H100, fake_occ(H100), "warp", residual)
+        assert (template_args(plan.kernel)[1][-1] == "true") == exact, (op, cols, rows, plan)
+        if op == "layer_norm" and cols == 256 and not residual:
+            assert plan.block // 16 * plan.grid >= rows > plan.block // 16 * (plan.grid - 1)
 
 
 def test_warp_early_params_rule() -> None:

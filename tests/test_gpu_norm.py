@@ -581,7 +581,9 @@ def test_exact_warp_kernels_match_the_general_ones(rng, op, dtype, cols, residua
         outs = {}
         for exact, families in ((True, _dispatch.WARP_EXACT_FAMILIES), (False, ())):
             planned.clear()
-            with _dispatch.override_constants({"WARP_EXACT_FAMILIES": families}), \
+            # (rows too few for the exact layer_norm 256-column grid: taken at any size here)
+            with _dispatch.override_constants({"WARP_EXACT_FAMILIES": families,
+                                               "WARP_EXACT_EARLY_SM_BLOCKS": 0}), \
                     poisoned_allocations():  # unwritten elements and statistics read NaN
                 res = call(op, x, w, b, **kwargs)
             assert planned[-1].path == "warp", planned

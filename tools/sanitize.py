@@ -24,13 +24,15 @@ from cunorm import _dispatch
 PARTS = ("softmax", "norms", "attention")
 DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
 # (rows, cols) of the row ops. 32: 16-bit norm rows on the exact two-lane kernel that loads
-# its parameters with the row; 200: narrowed warp groups with padding packs (16-bit: 25
-# packs on 16 lanes); 1000 and 1024: 16-bit layer_norm rows staging weight and bias in shared
-# memory (rows.cuh rows_warp STAGE), in the general and the exact kernel; 12288 and 16384:
-# the block path in 768- and 1024-thread blocks; 512: float32 softmax rows on the
-# 32-register exact warp kernel (softmax.cu softmax_warp_blocks)
-ROW_CASES = [(3, 5), (6, 32), (5, 33), (5, 200), (3, 512), (7, 1000), (3, 1024), (3, 1537),
-             (2, 3000), (3, 12288), (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
+# its parameters with the row; 256: 16-bit layer_norm rows that load them with the row, on
+# the general 16-lane kernel and (main) on the exact one, 5 rows leaving the block's last row
+# groups empty (their loads read the last row again); 200: narrowed warp groups with padding
+# packs (16-bit: 25 packs on 16 lanes); 1000 and 1024: 16-bit layer_norm rows staging weight
+# and bias in shared memory (rows.cuh rows_warp STAGE), in the general and the exact kernel;
+# 12288 and 16384: the block path in 768- and 1024-thread blocks; 512: float32 softmax rows
+# on the 32-register exact warp kernel (softmax.cu softmax_warp_blocks)
+ROW_CASES = [(3, 5), (6, 32), (5, 33), (5, 200), (5, 256), (3, 512), (7, 1000), (3, 1024),
+             (3, 1537), (2, 3000), (3, 12288), (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
 
 
 def main(parts: tuple[str, ...] = PARTS) -> int:
@@ -39,6 +41,10 @@ def main(parts: tuple[str, ...] = PARTS) -> int:
         bad += check_softmax(np.random.default_rng(0))
     if "norms" in parts:
         bad += check_norms(np.random.default_rng(2), ROW_CASES)
+        # 16-bit layer_norm rows of 256 columns on their exact kernel, which the dispatcher
+        # plans on large grids only (_dispatch.warp_exact_min_blocks)
+        with _dispatch.override_constants({"WARP_EXACT_EARLY_SM_BLOCKS": 0}):
+            bad += check_norms(np.random.default_rng(3), [(5, 256)])
     if "attention" in parts:
         bad += check_attention(np.random.default_rng(1))
     cupy.cuda.Device().synchronize()

@@ -265,6 +265,7 @@ def dispatch_substitutions() -> str:
 
     values = {
         "warp_block": d.WARP_BLOCK,
+        "warp_exact_early_sm_blocks": d.WARP_EXACT_EARLY_SM_BLOCKS,
         "warp_values": d.WARP_MAX_VALUES_PER_THREAD[4],
         "warp_values_f64": d.WARP_MAX_VALUES_PER_THREAD[8],
         "block_threads": choices(d.BLOCK_THREADS),
