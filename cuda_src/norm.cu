@@ -301,8 +301,9 @@ __global__ void __launch_bounds__(
   // cunorm/_dispatch.py warp_exact mirrors this rule (and tests/test_nvcc.py compiles every
   // name it plans): the exact form lost 0.5-6% on these rows of layer_norm (64-128 columns,
   // float32 256) and 1% on float64 rms_norm's, and won 0.3-2.1% on 16-bit and float32
-  // rms_norm's, whose store has no bias, and 1.8-3.1% on 16-bit layer_norm's of 256 columns
-  // (16 lanes of 16 values). 32-column 16-bit rows load them early only on the exact kernel
+  // rms_norm's, whose store has no bias, and up to 4.3% on 16-bit layer_norm's of 256
+  // columns (16 lanes of 16 values), planned on large grids only (3-4% slower on small ones:
+  // warp_exact_min_blocks). 32-column 16-bit rows load them early only on the exact kernel
   // (TINY).
   static_assert(!EXACT || RESIDUAL || (RMS && sizeof(SRC) < 8) ||
                     (!RMS && sizeof(SRC) == 2 && COLS * GROUP == 256) ||
