@@ -306,7 +306,8 @@ __global__ void __launch_bounds__(
   // warp_exact_min_blocks). 32-column 16-bit rows load them early only on the exact kernel
   // (TINY).
   static_assert(!EXACT || RESIDUAL || (RMS && sizeof(SRC) < 8) ||
-                    (!RMS && sizeof(SRC) == 2 && COLS * GROUP == 256) ||
+                    (!RMS && sizeof(SRC) == 2 && PACK * sizeof(SRC) == 16 &&
+                     COLS * GROUP == 256 && ROWS == 1) ||
                     !warp_early_params(COLS, GROUP, ROWS, CUNORM_NORM_WARP_WIDE),
                 "only 16-bit and float32 rms_norm rows and 16-bit layer_norm rows of 256 "
                 "columns load their parameters early in exact kernels without a residual (and "

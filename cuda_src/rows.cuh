@@ -179,8 +179,8 @@ __device__ __forceinline__ void load_params(const STORE& store,
 // compares, the row loop and the runtime 1/cols go (cunorm/_dispatch.py WARP_EXACT_FAMILIES:
 // H200, layer_norm bfloat16 512 columns +5.7%, most other rows +0.4-2.5%; layer_norm rows
 // without a residual that load their parameters early lost 2-6% and are not planned EXACT,
-// but 16-bit ones of 256 columns on large grids (warp_exact_min_blocks), nor float64
-// rms_norm's; nvidia-h200-2026-11-27-exact-warp-profile.txt). The row stays in
+// nor are float64 rms_norm's; nvidia-h200-2026-11-27-exact-warp-profile.txt; 16-bit
+// layer_norm rows of 256 columns are, on large grids: warp_exact_min_blocks). The row stays in
 // registers, so both reductions cost shuffles only.
 //
 // Where the parameters are all present the STORE functor's type says so (AffineStore::

@@ -138,9 +138,9 @@ WARP_BLOCK = 64
 # (benchmarks/results/nvidia-h200-2026-11-28-session72-ln32-early-profile.txt section 8):
 # float16 2693 -> 2776 GB/s (+3.1%), bfloat16 2735 -> 2784 (+1.8%); float16 128 cols -1.9%,
 # float32 64-256 -0.5% to -2.7% keep it. Those 256-column rows take the exact kernel on grids
-# of at least WARP_EXACT_EARLY_SM_BLOCKS blocks an SM only (warp_exact_min_blocks). rms_norm's,
-# whose store has no bias code (common.cuh
-# kParamsNoBias), gained in 16-bit and float32 and lost in float64, which keeps it too. H200,
+# of at least WARP_EXACT_EARLY_SM_BLOCKS blocks an SM only (warp_exact_min_blocks). rms_norm's
+# rows, whose store has no bias code (common.cuh kParamsNoBias), gained in 16-bit and float32
+# and lost in float64, which keeps it too. H200,
 # one process, three rounds, general -> exact (benchmarks/results/
 # nvidia-h200-2026-11-27-rms-store-profile.txt): rms_norm float16 128 cols +1.3%, bfloat16
 # +2.1%, 256 +0-0.4%, float32 64 +1.3%, 128-256 +0.3-0.5%, float64 64 +0.9%, 128-192 -1.1%.
@@ -152,7 +152,11 @@ WARP_EXACT_FAMILIES = ("norm", "softmax")
 # GPU-cb651390 float16 12288 rows (23 blocks an SM) 0.957, 24576 (47) 0.974, 36864 (70)
 # 1.004, 49152 (93) 0.991, 73728 1.012, 98304 1.018, 147456 1.028, 196608 1.035;
 # GPU-1d688dec float16 / bfloat16 24576 0.971 / 0.959, 49152 1.005 / 0.997, 196608 1.038 /
-# 1.038; GPU-0ea89ee7 49152 1.022 / 1.011, 196608 1.043 / 1.039.
+# 1.038; GPU-0ea89ee7 49152 1.022 / 1.011, 196608 1.043 / 1.039; GPU-1ec28ede 49152 0.996 /
+# 0.991, 98304 1.019 / 1.016. The floor lies between the losses (47 blocks an SM and fewer)
+# and the first sizes that were level (70-93): at 49152 rows, the benchmark's, the exact
+# kernel measured -0.9% to +3.1% over five H200s, +0.7% on average; every GPU gained from
+# 98304 rows (186 an SM). A floor of 128 would leave 49152 rows on the general kernel.
 WARP_EXACT_EARLY_SM_BLOCKS = 64
 # Block-register path: largest cols by input item size, and the values per thread it aims at
 # (threads = cols / target, 128..512 = __launch_bounds__ of softmax_block) and allows.

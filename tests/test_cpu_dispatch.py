@@ -242,16 +242,18 @@ def test_warp_exact_min_blocks(src: str) -> None:
     """16-bit layer_norm rows of 256 columns (16 lanes of 16 values, 4 rows a 64-thread
     block) take the exact kernel from WARP_EXACT_EARLY_SM_BLOCKS blocks an SM on; rms_norm's,
     the residual forms' and 512-column rows at any grid."""
-    edge = d.WARP_EXACT_EARLY_SM_BLOCKS * H100.sm_count * 4  # rows of the smallest exact grid
-    for op, cols, residual, rows, exact in [
-            ("layer_norm", 256, False, edge - 4, False), ("layer_norm", 256, False, edge, True),
-            ("layer_norm", 256, False, 4 * edge, True), ("layer_norm", 256, True, 64, True),
-            ("rms_norm", 256, False, 64, True), ("layer_norm", 512, False, 64, True),
-            ("layer_norm", 128, False, 4 * edge, False)]:
-        plan = d.plan_rows(op, src, src, rows, cols, 8, H100, fake_occ(H100), "warp", residual)
-        assert (template_args(plan.kernel)[1][-1] == "true") == exact, (op, cols, rows, plan)
-        if op == "layer_norm" and cols == 256 and not residual:
-            assert plan.block // 16 * plan.grid >= rows > plan.block // 16 * (plan.grid - 1)
+    per_block = d.WARP_BLOCK // 16  # rows a block: groups of 16 lanes
+    for dev in (H100, dataclasses.replace(H100, sm_count=78)):  # floor scales with the SMs
+        edge = d.WARP_EXACT_EARLY_SM_BLOCKS * dev.sm_count * per_block  # smallest exact grid
+        for op, cols, residual, rows, exact in [
+                ("layer_norm", 256, False, edge - per_block, False),
+                ("layer_norm", 256, False, edge, True), ("layer_norm", 256, False, 4 * edge, True),
+                ("layer_norm", 256, True, 64, True), ("rms_norm", 256, False, 64, True),
+                ("layer_norm", 512, False, 64, True), ("layer_norm", 128, False, 4 * edge, False)]:
+            plan = d.plan_rows(op, src, src, rows, cols, 8, dev, fake_occ(dev), "warp", residual)
+            assert (template_args(plan.kernel)[1][-1] == "true") == exact, (op, cols, rows, plan)
+            if op == "layer_norm" and cols == 256 and not residual:
+                assert per_block * plan.grid >= rows > per_block * (plan.grid - 1)
 
 
 def test_warp_early_params_rule() -> None:
