@@ -713,7 +713,7 @@ def warp_exact_min_blocks(op: str, src: str, cfg: tuple[int, int, int], sm_count
                           residual: bool = False) -> int:
     """The fewest blocks a grid of ``op``'s warp rows on configuration ``cfg`` needs to take
     the exact kernel :func:`warp_exact` allows: WARP_EXACT_EARLY_SM_BLOCKS an SM for 16-bit
-    layer_norm rows of 256 columns (exact 3-4% slower on small grids, 4% faster on large
+    layer_norm rows of 256 columns (exact 2.6-4.3% slower on small grids, 3-4% faster on large
     ones), else 0.
 
     Examples
