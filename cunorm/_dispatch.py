@@ -220,6 +220,21 @@ BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128
              ("softmax", 2, 2): ((32,), 128), ("log_softmax", 2, 2): ((32,), 512),
              ("layer_norm", 4, 4): ((24, 32), 128), ("rms_norm", 4, 4): ((24,), 128),
              ("layer_norm", 2, 2): ((32,), 512), ("rms_norm", 2, 2): ((32,), 512)}
+# Rows of more than this many columns that the 16-value block kernels would hold take a
+# BLOCK_MID block of that many values a thread instead ((op, input and output item sizes) ->
+# (columns, values)): float32 layer_norm, whose 16-value blocks of more than 384 threads fit
+# only 2 an SM (53-56 registers), two rows in flight through their two block reductions each;
+# 32 values a thread on half the threads fit 4 (64 registers). H200, 49152 rows, weight
+# and bias, one process, 3 rounds, outputs within 4e-6, GB/s under the benchmark's timer
+# (torch.compile alongside), two GPUs: 7168 cols 448 x 16 4000 -> 224 x 32 4264 (4252), 8192
+# 512 x 16 4146-4178 -> 256 x 32 4256-4281 (4228-4255). Below, the 16-value blocks fit 3-4 an
+# SM and mostly hold their own: 6144 384 x 16 4292-4311 against 192 x 32 4269 and 256 x 24
+# 4265-4284, 4096 256 x 16 4266 against 128 x 32 4214; 5120 320 x 16 4180-4202 gained on 32
+# (4234-4258) and 24 values (4264-4286), still short of torch.compile's 4279-4294, and stays.
+# float32 rms_norm at 4096-8192 gained nothing on 24 values (-0.2% to +0.1%) and lost on 32
+# (-1.6% to -1.8%), bfloat16 layer_norm at 8192 lost 1% on 32
+# (benchmarks/results/nvidia-h200-2026-11-29-session74-profile.txt).
+BLOCK_MID_PAST_COLS = {("layer_norm", 4, 4): (6144, 32)}
 # Block rows that fill every thread's values in full 16-byte packs (threads x values == cols)
 # may run the kernel built without column tests (rows.cuh rows_block EXACT): (op, input dtype)
 # -> the values a thread at which it measured faster. H200, 49152 rows, weight and bias, one
@@ -940,15 +955,17 @@ def smem_config(cols: int, pack: int, itemsize: int, props: DeviceProps,
 
 
 def block_mid_config(op: str, src: str, dst: str, cols: int, pack: int, arch: int,
-                     residual: bool = False) -> tuple[int, int] | None:
+                     residual: bool = False,
+                     values: tuple[int, ...] | None = None) -> tuple[int, int] | None:
     """(threads, values per thread) of a BLOCK_MID block holding the row (whole warps, at
     most 512 threads, padding at most an eighth of the row; the least padding, then the fewer
-    values), or None where ``op`` on ``src -> dst`` rows in ``pack``-element packs has none
-    on compute capability ``arch`` (the fused residual norms keep the other paths)."""
+    values; of ``values`` a thread where given, else of BLOCK_MID's), or None where ``op`` on
+    ``src -> dst`` rows in ``pack``-element packs has none on compute capability ``arch`` (the
+    fused residual norms keep the other paths)."""
     entry = BLOCK_MID.get((op, ITEMSIZE[src], ITEMSIZE[dst]))
     if entry is None or residual or arch < BLOCK_MID_MIN_ARCH or not full_packs(src, dst, pack):
         return None
-    values, fewest = entry
+    values, fewest = values or entry[0], entry[1]
     best = None
     for per_thread in values:
         threads = _cdiv(_cdiv(cols, per_thread), 32) * 32
@@ -965,7 +982,8 @@ def auto_block_config(op: str, src: str, dst: str, cols: int, pack: int, arch: i
     """(threads, values per thread) of the block-register path where the dispatcher takes it by
     itself (rows past the warp path's), else None: rows up to the family's BLOCK_MAX_COLS, or
     unpadded rows in full packs of at most BLOCK_TARGET_VALUES a thread on blocks of at most
-    512 threads, else a BLOCK_MID block, else the same on BLOCK_WIDE_THREADS."""
+    512 threads (past BLOCK_MID_PAST_COLS' column count, its BLOCK_MID block instead where one
+    holds the row), else a BLOCK_MID block, else the same on BLOCK_WIDE_THREADS."""
     family = kernel_head(op, src, dst, residual)[0]
     isz, cbytes = ITEMSIZE[src], compute_bytes(src, dst)
     block_max = (NORM_BLOCK_MAX_COLS if family == "norm" else BLOCK_MAX_COLS)[isz]
@@ -975,6 +993,9 @@ def auto_block_config(op: str, src: str, dst: str, cols: int, pack: int, arch: i
             and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
         bcfg = None
     if bcfg is not None and bcfg[0] <= BLOCK_THREADS[-1]:
+        past, values = BLOCK_MID_PAST_COLS.get((op, isz, ITEMSIZE[dst]), (cols, 0))
+        if cols > past:
+            return block_mid_config(op, src, dst, cols, pack, arch, residual, (values,)) or bcfg
         return bcfg
     return block_mid_config(op, src, dst, cols, pack, arch, residual) or bcfg
 

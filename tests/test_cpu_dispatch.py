@@ -1617,8 +1617,23 @@ def test_block_mid_rows(props: DeviceProps) -> None:
         assert plan(op, "float32", 12288, residual=True).path == "smem"
     assert plan("softmax", "float32", 12289).path == "smem"  # scalar packs
     assert plan("softmax", "float16", 16384 + 64).path == "smem"  # past 512 x 32
+    # BLOCK_MID_PAST_COLS: float32 layer_norm rows past 6144 columns, before the 16-value blocks
+    assert d.BLOCK_MID_PAST_COLS == {("layer_norm", 4, 4): (6144, 32)}
+    assert shape(plan("layer_norm", "float32", 7168)) == ("block", 224, 32)
+    assert shape(plan("layer_norm", "float32", 8192)) == ("block", 256, 32)
+    assert shape(plan("layer_norm", "float32", 6656)) == ("block", 224, 32)  # 512 padding
+    assert shape(plan("layer_norm", "float32", 6144)) == ("block", 384, 16)  # not past
+    assert shape(plan("layer_norm", "float32", 5120)) == ("block", 320, 16)
+    assert shape(plan("layer_norm", "float32", 6148)) == ("block", 416, 16)  # 224 x 32 pads
+    assert shape(plan("rms_norm", "float32", 8192)) == ("block", 512, 16)  # not listed
+    assert shape(plan("layer_norm", "float32", 8192, residual=True)) == ("block", 512, 16)
+    assert plan("layer_norm", "float32", 8190).kernel.startswith(
+        "cunorm::norm_block<float, false, false, 2, ")  # 8-byte packs: no BLOCK_MID block
+    with d.override_constants({"BLOCK_MID_PAST_COLS": {}}):
+        assert shape(plan("layer_norm", "float32", 8192)) == ("block", 512, 16)
     sm80 = DeviceProps("fake sm_80", (8, 0), 108, 2048, 166912, 167936, 40 << 20)
     assert plan("layer_norm", "float32", 12288, p=sm80).path == "smem"
+    assert shape(plan("layer_norm", "float32", 8192, p=sm80)) == ("block", 512, 16)
     for op, src, dst in (("softmax", "float16", "float32"), ("layer_norm", "float64", "float64")):
         assert d.block_mid_config(op, src, dst, 12288, 16 // d.ITEMSIZE[dst], 90) is None
 

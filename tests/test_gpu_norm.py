@@ -411,17 +411,21 @@ def test_every_cluster_size(rng, op, dtype, planned):
 def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
     """Rows the dispatcher keeps in registers at 24 or 32 values a thread (BLOCK_MID, kernels
     compiled for 2 resident 512-thread blocks), with weight, bias and statistics, against the
-    float64 reference; the kernel really has the registers of 2 blocks."""
+    float64 reference; the kernel really has the registers of 2 blocks. Shorter rows too
+    where BLOCK_MID_PAST_COLS sends them there (float32 layer_norm past 6144 columns)."""
     from cunorm._device import device_props
     from cunorm._kernels import get_kernel, occupancy
 
     props = device_props(0)
     monkeypatch.setattr(norm_module, "_PLANS", {})
     ran = []
-    for cols in (12288, 14336, 16384):
+    isz = np.dtype(dtype).itemsize
+    past = _dispatch.BLOCK_MID_PAST_COLS.get((op, isz, isz), (10**9,))[0]
+    shorter = tuple(c for c in (6144, 6656, 7168, 8192) if c > past)
+    for cols in (12288, 14336, 16384) + shorter:
         name, pack = np.dtype(dtype).name, 16 // np.dtype(dtype).itemsize
-        cfg = _dispatch.block_mid_config(op, name, name, cols, pack, props.arch)
-        if cfg is None:
+        cfg = _dispatch.auto_block_config(op, name, name, cols, pack, props.arch)
+        if cfg is None or cfg[1] not in (24, 32):  # the planner's own choice, if BLOCK_MID
             continue
         ran.append(cols)
         exact = ", true" if _dispatch.block_exact(op, name, name, pack, cols, cfg) else ""
