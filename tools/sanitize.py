@@ -30,9 +30,12 @@ DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
 # packs (16-bit: 25 packs on 16 lanes); 1000 and 1024: 16-bit layer_norm rows staging weight
 # and bias in shared memory (rows.cuh rows_warp STAGE), in the general and the exact kernel;
 # 12288 and 16384: the block path in 768- and 1024-thread blocks; 512: float32 softmax rows
-# on the 32-register exact warp kernel (softmax.cu softmax_warp_blocks)
+# on the 32-register exact warp kernel (softmax.cu softmax_warp_blocks); 7168: float32
+# layer_norm rows the planner puts on 224 x 32 (_dispatch.BLOCK_MID_PAST_COLS), as it puts
+# 12288 and 16384 on BLOCK_MID blocks (the norms run the planner's choice too)
 ROW_CASES = [(3, 5), (6, 32), (5, 33), (5, 200), (5, 256), (3, 512), (7, 1000), (3, 1024),
-             (3, 1537), (2, 3000), (3, 12288), (2, 16384), (2, 20001), (2, 70001), (2, 262144)]
+             (3, 1537), (2, 3000), (3, 7168), (3, 12288), (2, 16384), (2, 20001), (2, 70001),
+             (2, 262144)]
 
 
 def main(parts: tuple[str, ...] = PARTS) -> int:
@@ -116,7 +119,8 @@ def norm_reference(rms: bool, x: np.ndarray, w: np.ndarray, b: np.ndarray | None
 
 def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
     """layer_norm / rms_norm with weight (and bias), with and without a residual, with
-    return_stats, on every row path the dispatcher can force: wrong results are counted."""
+    return_stats, on the planner's path and every row path the dispatcher can force: wrong
+    results are counted."""
     bad = 0
     for dt in DTYPES:
         name = np.dtype(dt).name
@@ -139,7 +143,7 @@ def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
                     kwargs = {"return_stats": True}
                     if residual:
                         kwargs["residual"] = r
-                    for path in _dispatch.ROW_PATHS:
+                    for path in (None, *_dispatch.ROW_PATHS):
                         try:
                             with _dispatch.force_path(path):
                                 if rms:
