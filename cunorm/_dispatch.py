@@ -221,18 +221,22 @@ BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128
              ("layer_norm", 4, 4): ((24, 32), 128), ("rms_norm", 4, 4): ((24,), 128),
              ("layer_norm", 2, 2): ((32,), 512), ("rms_norm", 2, 2): ((32,), 512)}
 # Rows of more than this many columns that the 16-value block kernels would hold take a
-# BLOCK_MID block of that many values a thread instead ((op, input and output item sizes) ->
-# (columns, values)): float32 layer_norm, whose 16-value blocks of more than 384 threads fit
-# only 2 an SM (53-56 registers), two rows in flight through their two block reductions each;
-# 32 values a thread on half the threads fit 4 (64 registers). H200, 49152 rows, weight
-# and bias, one process, 3 rounds, outputs within 4e-6, GB/s under the benchmark's timer
-# (torch.compile alongside), two GPUs: 7168 cols 448 x 16 4000 -> 224 x 32 4264 (4252), 8192
-# 512 x 16 4146-4178 -> 256 x 32 4256-4281 (4228-4255). Below, the 16-value blocks fit 3-4 an
-# SM and mostly hold their own: 6144 384 x 16 4292-4311 against 192 x 32 4269 and 256 x 24
-# 4265-4284, 4096 256 x 16 4266 against 128 x 32 4214; 5120 320 x 16 4180-4202 gained on 32
-# (4234-4258) and 24 values (4264-4286), still short of torch.compile's 4279-4294, and stays.
-# float32 rms_norm at 4096-8192 gained nothing on 24 values (-0.2% to +0.1%) and lost on 32
-# (-1.6% to -1.8%), bfloat16 layer_norm at 8192 lost 1% on 32
+# BLOCK_MID block of that many values a thread instead, where one holds the row with at most
+# an eighth of padding ((op, input and output item sizes) -> (columns, values); the values
+# must be among BLOCK_MID's, whose kernels are built): float32 layer_norm, whose 16-value
+# blocks of more than 384 threads fit only 2 an SM (53 registers as NVRTC builds them, 56
+# allocated), two rows in flight through their two block reductions each; 32 values a thread
+# on half the threads fit 4 (64 registers). H200, 49152 rows, weight and bias, one process, 3
+# rounds, outputs within 4e-6, median GB/s under the benchmark's timer (torch.compile
+# alongside): 6656 cols 416 x 16 3897 -> 224 x 32 4267 (4267; one GPU), 7168 448 x 16
+# 4000-4002 -> 224 x 32 4264 (4250-4252; two GPUs), 8192 512 x 16 4146-4177 -> 256 x 32
+# 4256-4281 (4228-4255; four GPUs). Below, the 16-value blocks fit 3-4 an SM and mostly hold
+# their own: 6144 384 x 16 4292-4311 against 192 x 32 4269 and 256 x 24 4265-4284, 4096 256 x
+# 16 4266 against 128 x 32 4214; 5120 320 x 16 4180-4202 gained on 32 (4234-4258) and 24
+# values (4264-4286), still short of torch.compile's 4279-4294, and stays. float32 rms_norm at
+# 4096-8192 gained nothing on 24 values (-0.2% to +0.1%) and lost on 32 (-1.6% to -1.8%),
+# bfloat16 layer_norm at 8192 lost 1% on 32. Rows of 6148-6368 and 7172-7280 columns keep
+# their 16-value blocks: 32 values would pad more than an eighth
 # (benchmarks/results/nvidia-h200-2026-11-29-session74-profile.txt).
 BLOCK_MID_PAST_COLS = {("layer_norm", 4, 4): (6144, 32)}
 # Block rows that fill every thread's values in full 16-byte packs (threads x values == cols)
@@ -965,9 +969,9 @@ def block_mid_config(op: str, src: str, dst: str, cols: int, pack: int, arch: in
     entry = BLOCK_MID.get((op, ITEMSIZE[src], ITEMSIZE[dst]))
     if entry is None or residual or arch < BLOCK_MID_MIN_ARCH or not full_packs(src, dst, pack):
         return None
-    values, fewest = values or entry[0], entry[1]
+    allowed, fewest = values or entry[0], entry[1]
     best = None
-    for per_thread in values:
+    for per_thread in allowed:
         threads = _cdiv(_cdiv(cols, per_thread), 32) * 32
         waste = threads * per_thread - cols
         if fewest <= threads <= BLOCK_THREADS[-1] and waste <= cols // 8:
@@ -993,9 +997,9 @@ def auto_block_config(op: str, src: str, dst: str, cols: int, pack: int, arch: i
             and bcfg[1] <= BLOCK_TARGET_VALUES and bcfg[0] * bcfg[1] - cols <= cols // 8)):
         bcfg = None
     if bcfg is not None and bcfg[0] <= BLOCK_THREADS[-1]:
-        past, values = BLOCK_MID_PAST_COLS.get((op, isz, ITEMSIZE[dst]), (cols, 0))
-        if cols > past:
-            return block_mid_config(op, src, dst, cols, pack, arch, residual, (values,)) or bcfg
+        rule = BLOCK_MID_PAST_COLS.get((op, isz, ITEMSIZE[dst]))
+        if rule is not None and cols > rule[0]:
+            return block_mid_config(op, src, dst, cols, pack, arch, residual, (rule[1],)) or bcfg
         return bcfg
     return block_mid_config(op, src, dst, cols, pack, arch, residual) or bcfg
 

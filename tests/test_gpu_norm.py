@@ -420,12 +420,14 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
     monkeypatch.setattr(norm_module, "_PLANS", {})
     ran = []
     isz = np.dtype(dtype).itemsize
-    past = _dispatch.BLOCK_MID_PAST_COLS.get((op, isz, isz), (10**9,))[0]
-    shorter = tuple(c for c in (6144, 6656, 7168, 8192) if c > past)
+    rule = _dispatch.BLOCK_MID_PAST_COLS.get((op, isz, isz))
+    shorter = (6656, 7168, 8192) if rule is not None and props.arch >= 90 else ()
     for cols in (12288, 14336, 16384) + shorter:
         name, pack = np.dtype(dtype).name, 16 // np.dtype(dtype).itemsize
         cfg = _dispatch.auto_block_config(op, name, name, cols, pack, props.arch)
-        if cfg is None or cfg[1] not in (24, 32):  # the planner's own choice, if BLOCK_MID
+        if cols in shorter:  # the rule's rows must take its blocks, not skip
+            assert cfg is not None and cfg[1] == rule[1] and cols > rule[0], (cols, cfg)
+        elif cfg is None or cfg[1] not in (24, 32):  # the planner's own choice, if BLOCK_MID
             continue
         ran.append(cols)
         exact = ", true" if _dispatch.block_exact(op, name, name, pack, cols, cfg) else ""
@@ -438,6 +440,8 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
             f", {cfg[1]}{exact}>"), plan
         kern = get_kernel(0, props.arch, "norm.cu", plan.kernel)
         assert occupancy(kern, 512, 0) >= 2, (plan.kernel, kern.num_regs)
+        if cols in shorter:  # the rule's point: 4 of its blocks an SM (16-value ones fit 2)
+            assert occupancy(kern, plan.block, 0) >= 4, (plan.kernel, kern.num_regs)
         assert rel_err(cupy.asnumpy(res[0]), ref) <= TOL[name], cols
         check_stats(op, res, ref_mean, ref_rstd, np.dtype(dtype),
                     float(np.abs(xh.astype(np.float64)).max()), f"mid {cols}")

@@ -151,6 +151,8 @@ def check_norms(rng: np.random.Generator, cases: list[tuple[int, int]]) -> int:
                                 else:
                                     res = cunorm.layer_norm(x, w, b, **kwargs)
                         except ValueError:
+                            if path is None:  # the planner's own path must run
+                                raise
                             continue
                         got = [cupy.asnumpy(a).astype(np.float64) for a in res]
                         ok = np.allclose(got[0], ref, rtol=2e-2, atol=2e-2)
