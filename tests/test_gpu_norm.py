@@ -424,11 +424,13 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
     shorter = (6656, 7168, 8192) if rule is not None and props.arch >= 90 else ()
     for cols in (12288, 14336, 16384) + shorter:
         name, pack = np.dtype(dtype).name, 16 // np.dtype(dtype).itemsize
-        cfg = _dispatch.auto_block_config(op, name, name, cols, pack, props.arch)
         if cols in shorter:  # the rule's rows must take its blocks, not skip
+            cfg = _dispatch.auto_block_config(op, name, name, cols, pack, props.arch)
             assert cfg is not None and cfg[1] == rule[1] and cols > rule[0], (cols, cfg)
-        elif cfg is None or cfg[1] not in (24, 32):  # the planner's own choice, if BLOCK_MID
-            continue
+        else:  # BLOCK_MID's own rows: the plan below must be this block
+            cfg = _dispatch.block_mid_config(op, name, name, cols, pack, props.arch)
+            if cfg is None:
+                continue
         ran.append(cols)
         exact = ", true" if _dispatch.block_exact(op, name, name, pack, cols, cfg) else ""
         x, xh = random_input(rng, (7, cols), dtype)
