@@ -224,21 +224,22 @@ BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128
 # BLOCK_MID block of that many values a thread instead, where one holds the row with at most
 # an eighth of padding ((op, input and output item sizes) -> (columns, values); the values
 # must be among BLOCK_MID's, whose kernels are built): float32 layer_norm, whose 16-value
-# blocks of more than 384 threads fit only 2 an SM (53 registers as NVRTC builds them, 56
-# allocated), two rows in flight through their two block reductions each; 32 values a thread
-# on half the threads fit 4 (64 registers). H200, 49152 rows, weight and bias, one process, 3
+# blocks (47 registers, norm.cu norm_block_max_registers) of more than 416 threads fit only 2
+# an SM (the occupancy API's count on an H200: 3 at 416 threads, 2 at 448-512), two rows in
+# flight through their two block reductions each; 32 values a thread on half the threads fit 4
+# (64 registers). H200, 49152 rows, weight and bias, one process, 3
 # rounds, outputs within 4e-6, median GB/s under the benchmark's timer (torch.compile
-# alongside): 6656 cols 416 x 16 3897 -> 224 x 32 4267 (4267; one GPU), 7168 448 x 16
-# 4000-4002 -> 224 x 32 4264 (4250-4252; two GPUs), 8192 512 x 16 4146-4177 -> 256 x 32
-# 4256-4281 (4228-4255; four GPUs). Below, the 16-value blocks fit 3-4 an SM and mostly hold
-# their own: 6144 384 x 16 4292-4311 against 192 x 32 4269 and 256 x 24 4265-4284, 4096 256 x
-# 16 4266 against 128 x 32 4214; 5120 320 x 16 4180-4202 gained on 32 (4234-4258) and 24
-# values (4264-4286), still short of torch.compile's 4279-4294, and stays. float32 rms_norm at
-# 4096-8192 gained nothing on 24 values (-0.2% to +0.1%) and lost on 32 (-1.6% to -1.8%),
-# bfloat16 layer_norm at 8192 lost 1% on 32. Rows of 6148-6368 and 7172-7280 columns keep
-# their 16-value blocks: 32 values would pad more than an eighth
-# (benchmarks/results/nvidia-h200-2026-11-29-session74-profile.txt).
-BLOCK_MID_PAST_COLS = {("layer_norm", 4, 4): (6144, 32)}
+# alongside): 7168 cols 448 x 16 4003-4005 -> 224 x 32 4264-4265 (4251-4252), 8192 512 x 16
+# 4154-4155 -> 256 x 32 4262-4264 (4263-4264); on 416 threads they fit 3 and hold their own:
+# 6656 416 x 16 4293-4296 against 224 x 32 4265-4267 (4272-4275), 6400 4294-4296 against
+# 4267-4268 (benchmarks/results/nvidia-h200-2026-11-29-session75-profile.txt). Before that
+# cap (53 registers, 3 blocks of 320 threads and 2 of 416) the rule started past 6144 columns:
+# 6656 3897 -> 4267, 7168 4000-4002 -> 4264 on two GPUs, 8192 4146-4177 -> 4256-4281 on four
+# (session74-profile.txt). float32 rms_norm at 4096-8192 gained nothing on 24 values (-0.2%
+# to +0.1%) and lost on 32 (-1.6% to -1.8%), bfloat16 layer_norm at 8192 lost 1% on 32. Rows
+# of 7172-7280 columns keep their 16-value blocks (480 threads, 2 an SM): 32 values would pad
+# more than an eighth.
+BLOCK_MID_PAST_COLS = {("layer_norm", 4, 4): (6656, 32)}
 # Block rows that fill every thread's values in full 16-byte packs (threads x values == cols)
 # may run the kernel built without column tests (rows.cuh rows_block EXACT): (op, input dtype)
 # -> the values a thread at which it measured faster. H200, 49152 rows, weight and bias, one

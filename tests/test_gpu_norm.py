@@ -412,7 +412,7 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
     """Rows the dispatcher keeps in registers at 24 or 32 values a thread (BLOCK_MID, kernels
     compiled for 2 resident 512-thread blocks), with weight, bias and statistics, against the
     float64 reference; the kernel really has the registers of 2 blocks. Shorter rows too
-    where BLOCK_MID_PAST_COLS sends them there (float32 layer_norm past 6144 columns)."""
+    where BLOCK_MID_PAST_COLS sends them there (float32 layer_norm past 6656 columns)."""
     from cunorm._device import device_props
     from cunorm._kernels import get_kernel, occupancy
 
@@ -421,7 +421,7 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
     ran = []
     isz = np.dtype(dtype).itemsize
     rule = _dispatch.BLOCK_MID_PAST_COLS.get((op, isz, isz))
-    shorter = (6656, 7168, 8192) if rule is not None and props.arch >= 90 else ()
+    shorter = (6660, 7168, 8192) if rule is not None and props.arch >= 90 else ()
     for cols in (12288, 14336, 16384) + shorter:
         name, pack = np.dtype(dtype).name, 16 // np.dtype(dtype).itemsize
         if cols in shorter:  # the rule's rows must take its blocks, not skip
@@ -449,6 +449,33 @@ def test_block_mid_rows(rng, op, dtype, planned, monkeypatch):
                     float(np.abs(xh.astype(np.float64)).max()), f"mid {cols}")
     if not ran:
         pytest.skip(f"no BLOCK_MID rows for {op} {np.dtype(dtype).name} on sm_{props.arch}")
+
+
+@pytest.mark.parametrize("cols", [2048, 5120, 6200, 6656, 16384])
+def test_float32_layer_norm_16_value_rows_capped(rng, cols, planned, monkeypatch):
+    """float32 layer_norm rows of 16 values a thread run on a kernel held to 48 registers
+    (norm.cu norm_block_max_registers), so 320-thread blocks fit 4 an SM and 416-thread ones 3,
+    and 1024-thread blocks (forced at 16384 columns) still launch; with weight, bias and
+    statistics against float64."""
+    from cunorm._device import device_props
+    from cunorm._kernels import get_kernel, occupancy
+
+    props = device_props(0)
+    monkeypatch.setattr(norm_module, "_PLANS", {})
+    x, xh = random_input(rng, (9, cols), np.float32)
+    w, b, wh, bh = affine(rng, "layer_norm", (cols,), np.float32)
+    ref, ref_mean, ref_rstd = reference("layer_norm", xh, weight=wh, bias=bh)
+    with _dispatch.force_path("block" if cols == 16384 else None):
+        res = call("layer_norm", x, w, b, return_stats=True)
+    plan = planned[-1]
+    assert plan.path == "block" and plan.kernel == "cunorm::norm_block<float, false, false, 4, 16>"
+    assert plan.block == (1024 if cols == 16384 else -(-cols // 512) * 32), plan
+    kern = get_kernel(0, props.arch, "norm.cu", plan.kernel)
+    assert kern.num_regs <= 48, kern.num_regs
+    assert (occupancy(kern, 320, 0), occupancy(kern, 416, 0)) >= (4, 3), kern.num_regs
+    assert rel_err(cupy.asnumpy(res[0]), ref) <= TOL["float32"], cols
+    check_stats("layer_norm", res, ref_mean, ref_rstd, np.dtype(np.float32),
+                float(np.abs(xh.astype(np.float64)).max()), f"capped {cols}")
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
