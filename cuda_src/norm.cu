@@ -343,41 +343,45 @@ __host__ __device__ constexpr int norm_block_full(int src_bytes) {
 }
 // EXACT: the row fills the block's packs (cols == blockDim.x * COLS), so no column is tested
 // (rows.cuh rows_block; cunorm/_dispatch.py block_exact has the rule and its measurements).
-// float32 layer_norm rows (no residual) of 16 values a thread in 16-byte packs are also held
-// to 48 registers (__maxnreg__, under the launch bounds' 64; 255 sets no cap of its own): NVRTC
-// gave them 53, so blocks of 320 threads fit 3 an SM and of 416 2; at 47, 4 and 3, without
-// spills, and 1024-thread blocks still launch (launch bounds of (640, 2) reach 47 too, but not
-// 1024 threads). H200, one process, three rounds, 49152 rows, weight and bias, GB/s against
-// the launch bounds alone (benchmarks/results/nvidia-h200-2026-11-29-session75-profile.txt):
-// 5120 cols 4197-4207 -> 4296-4297 (torch.compile 4267-4290; bounds of (640, 2) 4298-4299 on
-// another H200), 6200 3683-3726 -> 4301-4302; 2048-6144 within -0.3% (4096 4278-4285 ->
-// 4271-4276), 7200 (480 threads, 2 blocks either way) +0.2%. A cap of 40 (3 blocks of 480
-// threads) took 7200 to 4310-4311 but lost 0.4-0.6% at 3000-6144.
-// CUNORM_NORM_LN32_REGS overrides the cap for measurement.
-#ifndef CUNORM_NORM_LN32_REGS
-#define CUNORM_NORM_LN32_REGS 48
-#endif
-__host__ __device__ constexpr int norm_block_max_registers(int src_bytes, bool rms,
-                                                           bool residual, int pack_bytes,
-                                                           int cols) {
-  return src_bytes == 4 && !rms && !residual && pack_bytes == 16 && cols == 16
-             ? CUNORM_NORM_LN32_REGS
-             : 255;
-}
-// (__maxnreg__ came with CUDA 12.4; older compilers build the kernels without it.)
-#if defined(__CUDACC_VER_MAJOR__) && __CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ >= 1204
-#define CUNORM_NORM_BLOCK_MAXNREG(N) __maxnreg__(N)
-#else
-#define CUNORM_NORM_BLOCK_MAXNREG(N)
-#endif
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, bool EXACT = false>
 __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(sizeof(SRC)),
                                     sizeof(SRC) == 4 && !RMS ? 4 : norm_block_full(sizeof(SRC)))
-    CUNORM_NORM_BLOCK_MAXNREG(norm_block_max_registers(sizeof(SRC), RMS, RESIDUAL,
-                                                       PACK * sizeof(SRC), COLS))
-        norm_block(CUNORM_NORM_PARAMS) {
+    norm_block(CUNORM_NORM_PARAMS) {
   CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>, EXACT>), true);
 }
+
+// float32 layer_norm rows (no residual) of 16 values a thread in 16-byte packs run the same
+// rows on a kernel held to 48 registers by __maxnreg__, without launch bounds (the CUDA C++
+// Programming Guide allows no kernel both), so its blocks may still take 1024 threads; launch
+// bounds of (640, 2) reach the same 47-48 registers but no block past 640 threads.
+// cunorm/_dispatch.py block_capped mirrors the rule. NVRTC (CUDA 13) gave norm_block's build
+// 53, so blocks of 320 threads fit 3 an SM and of 416 2; at 48, 4 and 3, without spills
+// (448-512 threads still fit 2). H200, one process, three rounds, 49152 rows, weight and
+// bias, GB/s (benchmarks/results/nvidia-h200-2026-11-29-session75-profile.txt): as shipped,
+// against the same kernel uncapped (69 registers): 5120 cols 3346-3351 -> 4276 (torch.compile
+// 4274-4276), 6656 3855-3858 -> 4295-4297 (4270-4272), 4096 3893-3895 -> 4250-4253
+// (4256-4259), 2048 4179-4182 -> 4162-4164 (4027-4040); the cap beside norm_block's launch
+// bounds (47 registers), against norm_block, on other H200s: 5120 4197-4207 -> 4296-4297,
+// 6200 3683-3726 -> 4301-4302, 2048-6144 within -0.3%. A cap of 40 (3 blocks of 480 threads)
+// took 7200 from 4004-4007 to 4310-4311 but lost 0.2-0.6% at 3000-6144.
+// CUNORM_NORM_LN32_REGS overrides the cap for measurement; at 0, and on compilers before
+// CUDA 12.4 (no __maxnreg__), the kernel takes norm_block's launch bounds for these rows.
+#ifndef CUNORM_NORM_LN32_REGS
+#define CUNORM_NORM_LN32_REGS 48
+#endif
+#if CUNORM_NORM_LN32_REGS > 0 && defined(__CUDACC_VER_MAJOR__) && \
+    __CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ >= 1204
+#define CUNORM_NORM_CAPPED __maxnreg__(CUNORM_NORM_LN32_REGS)
+#else
+#define CUNORM_NORM_CAPPED __launch_bounds__(1024, 1)
+#endif
+template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, bool EXACT = false>
+__global__ void CUNORM_NORM_CAPPED norm_block_capped(CUNORM_NORM_PARAMS) {
+  static_assert(sizeof(SRC) == 4 && !RMS && !RESIDUAL && PACK == 4 && COLS == 16,
+                "norm_block_capped holds float32 layer_norm rows of 16 values a thread");
+  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>, EXACT>), true);
+}
+#undef CUNORM_NORM_CAPPED
 
 // The parameter lines the shared-memory and cluster rows ask L1 for (rows.cuh Prefetch):
 // layer_norm's 4- and 8-byte parameters. H200, one process, two rounds (tools/gpu_profile.py

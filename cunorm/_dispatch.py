@@ -224,14 +224,15 @@ BLOCK_MID = {("softmax", 4, 4): ((24,), 128), ("log_softmax", 4, 4): ((24,), 128
 # BLOCK_MID block of that many values a thread instead, where one holds the row with at most
 # an eighth of padding ((op, input and output item sizes) -> (columns, values); the values
 # must be among BLOCK_MID's, whose kernels are built): float32 layer_norm, whose 16-value
-# blocks (47 registers, norm.cu norm_block_max_registers) of more than 416 threads fit only 2
-# an SM (the occupancy API's count on an H200: 3 at 416 threads, 2 at 448-512), two rows in
-# flight through their two block reductions each; 32 values a thread on half the threads fit 4
-# (64 registers). H200, 49152 rows, weight and bias, one process, 3
-# rounds, outputs within 4e-6, median GB/s under the benchmark's timer (torch.compile
-# alongside): 7168 cols 448 x 16 4003-4005 -> 224 x 32 4264-4265 (4251-4252), 8192 512 x 16
-# 4154-4155 -> 256 x 32 4262-4264 (4263-4264); on 416 threads they fit 3 and hold their own:
-# 6656 416 x 16 4293-4296 against 224 x 32 4265-4267 (4272-4275), 6400 4294-4296 against
+# blocks (48 registers, norm.cu norm_block_capped) of more than 416 threads fit only 2 an SM
+# (the occupancy API's count on an H200: 3 at 416 threads, 2 at 448-512), two rows in flight
+# through their two block reductions each; 32 values a thread on half the threads fit 4 (64
+# registers). H200, 49152 rows, weight and bias, one process, 3 rounds, outputs within 4e-6,
+# median GB/s under the benchmark's timer (torch.compile alongside; the capped kernel in its
+# first form, 47 registers beside norm_block's launch bounds, as many blocks an SM): 7168
+# cols 448 x 16 4003-4005 -> 224 x 32 4264-4265 (4251-4252), 8192 512 x 16 4154-4155 -> 256 x
+# 32 4262-4264 (4263-4264); on 416 threads they fit 3 and hold their own:
+# 6656 416 x 16 4293-4296 against 224 x 32 4265-4267 (4272-4275), 6400 4293-4296 against
 # 4267-4268 (benchmarks/results/nvidia-h200-2026-11-29-session75-profile.txt). Before that
 # cap (53 registers, 3 blocks of 320 threads and 2 of 416) the rule started past 6144 columns:
 # 6656 3897 -> 4267, 7168 4000-4002 -> 4264 on two GPUs, 8192 4146-4177 -> 4256-4281 on four
@@ -778,10 +779,20 @@ def block_exact(op: str, src: str, dst: str, pack: int, cols: int, cfg: tuple[in
             and full_packs(src, dst, pack) and cfg[0] * cfg[1] == cols)
 
 
+def block_capped(family: str, head: str, pack: int, per_thread: int) -> bool:
+    """Whether block rows of ``per_thread`` values a thread in ``pack``-element packs run
+    norm.cu's ``norm_block_capped`` (float32 layer_norm without a residual, 16-byte packs of
+    16 values a thread: the same rows held to 48 registers, 4 blocks of 320 threads an SM where
+    ``norm_block`` fits 3; its comment has the measurements)."""
+    return (family == "norm" and head == kernel_head("layer_norm", "float32", "float32")[1]
+            and pack == 4 and per_thread == BLOCK_TARGET_VALUES)
+
+
 def block_kernel(family: str, head: str, pack: int, per_thread: int, exact: bool) -> str:
     """The block kernel's name for rows of ``per_thread`` values a thread (the exact variant:
-    :func:`block_exact`, norms only)."""
-    return (f"cunorm::{family}_block<{head}, {pack}, {per_thread}"
+    :func:`block_exact`, norms only; :func:`block_capped`'s rows on their own kernel)."""
+    capped = "_capped" if block_capped(family, head, pack, per_thread) else ""
+    return (f"cunorm::{family}_block{capped}<{head}, {pack}, {per_thread}"
             f"{', true' if exact else ''}>")
 
 

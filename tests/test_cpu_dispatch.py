@@ -1469,7 +1469,8 @@ def test_all_kernel_names_cover_every_plan(arch: int, dense: DeviceProps,
     kinds = {template_args(n)[0] for n in emitted}
     expected = {"cunorm::softmax_warp", "cunorm::softmax_block", "cunorm::softmax_smem",
                 "cunorm::softmax_uncached", "cunorm::softmax_strided", "cunorm::norm_warp",
-                "cunorm::norm_block", "cunorm::norm_smem", "cunorm::norm_uncached"}
+                "cunorm::norm_block", "cunorm::norm_block_capped", "cunorm::norm_smem",
+                "cunorm::norm_uncached"}
     sm90 = {"cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
             "cunorm::softmax_strided_cluster", "cunorm::norm_smem_cluster",
             "cunorm::norm_uncached_cluster"}
@@ -1516,6 +1517,7 @@ def test_norm_plans_use_norm_kernels(op: str, src: str, residual: bool) -> None:
                            residual=residual)
         base, args = template_args(plan.kernel)
         assert base == f"cunorm::norm_{plan.path}" or (
+            plan.path == "block" and base == "cunorm::norm_block_capped") or (
             plan.path == "cluster" and base == "cunorm::norm_smem_cluster") or (
             plan.path == "uncached" and base == "cunorm::norm_uncached_cluster"), plan
         assert args[:3] == [d.CTYPE[src], rms, res]
@@ -1642,6 +1644,34 @@ def test_block_mid_rows(props: DeviceProps) -> None:
     for op, src, dst in (("softmax", "float16", "float32"), ("layer_norm", "float64", "float64")):
         assert d.block_mid_config(op, src, dst, 12288, 16 // d.ITEMSIZE[dst], 90) is None
 
+
+
+def test_block_capped_rows() -> None:
+    """float32 layer_norm rows without a residual in 16-byte packs of 16 values a thread run on
+    norm.cu's norm_block_capped (48 registers, no launch bounds: 1024-thread blocks too); every
+    other block row keeps norm_block."""
+    ln32 = d.kernel_head("layer_norm", "float32", "float32")[1]
+    assert d.block_capped("norm", ln32, 4, 16)
+    for family, head, pack, values in (
+            ("norm", ln32, 4, 12), ("norm", ln32, 4, 32), ("norm", ln32, 2, 16),
+            ("norm", d.kernel_head("rms_norm", "float32", "float32")[1], 4, 16),
+            ("norm", d.kernel_head("layer_norm", "float32", "float32", True)[1], 4, 16),
+            ("softmax", d.kernel_head("softmax", "float32", "float32")[1], 4, 16)):
+        assert not d.block_capped(family, head, pack, values), (family, head, pack, values)
+    capped = "cunorm::norm_block_capped<float, false, false, 4, 16>"
+    for cols, block in ((2048, 128), (5120, 320), (6656, 416), (7200, 480)):
+        plan = d.plan_rows("layer_norm", "float32", "float32", 4096, cols, 16, H200,
+                           fake_occ(H200))
+        assert (plan.kernel, plan.block) == (capped, block), plan
+    forced = d.plan_rows("layer_norm", "float32", "float32", 64, 16384, 16, H200, fake_occ(H200),
+                         "block")
+    assert (forced.kernel, forced.block) == (capped, 1024)
+    for kwargs in ({"residual": True}, {}):
+        op = "layer_norm" if kwargs else "rms_norm"
+        plan = d.plan_rows(op, "float32", "float32", 4096, 5120, 16, H200, fake_occ(H200),
+                           **kwargs)
+        assert plan.kernel.startswith("cunorm::norm_block<"), plan
+    assert capped in d.all_kernel_names(80) and capped in d.all_kernel_names(90)
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_residual_one_block_rows_take_the_larger_block_on_a_tie(op: str) -> None:
