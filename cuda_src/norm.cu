@@ -364,8 +364,9 @@ __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(si
 // bounds (47 registers), against norm_block, on other H200s: 5120 4197-4207 -> 4296-4297,
 // 6200 3683-3726 -> 4301-4302, 2048-6144 within -0.3%. A cap of 40 (3 blocks of 480 threads)
 // took 7200 from 4004-4007 to 4310-4311 but lost 0.2-0.6% at 3000-6144.
-// CUNORM_NORM_LN32_REGS overrides the cap for measurement; at 0, and on compilers before
-// CUDA 12.4 (no __maxnreg__), the kernel takes norm_block's launch bounds for these rows.
+// CUNORM_NORM_LN32_REGS overrides the cap for measurement (at most 64, or 1024-thread blocks
+// fail to launch: uncapped, NVRTC took 69); at 0, and on compilers before CUDA 12.4 (no
+// __maxnreg__), the kernel takes norm_block's launch bounds for these rows.
 #ifndef CUNORM_NORM_LN32_REGS
 #define CUNORM_NORM_LN32_REGS 48
 #endif
@@ -373,12 +374,13 @@ __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(si
     __CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ >= 1204
 #define CUNORM_NORM_CAPPED __maxnreg__(CUNORM_NORM_LN32_REGS)
 #else
-#define CUNORM_NORM_CAPPED __launch_bounds__(1024, 1)
+#define CUNORM_NORM_CAPPED CUNORM_BLOCK_BOUNDS(16, 16, norm_block_full(4), 4)
 #endif
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, bool EXACT = false>
 __global__ void CUNORM_NORM_CAPPED norm_block_capped(CUNORM_NORM_PARAMS) {
   static_assert(sizeof(SRC) == 4 && !RMS && !RESIDUAL && PACK == 4 && COLS == 16,
                 "norm_block_capped holds float32 layer_norm rows of 16 values a thread");
+  static_assert(CUNORM_NORM_LN32_REGS <= 64, "1024-thread blocks need at most 64 registers");
   CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>, EXACT>), true);
 }
 #undef CUNORM_NORM_CAPPED

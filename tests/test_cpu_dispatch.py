@@ -1645,7 +1645,6 @@ def test_block_mid_rows(props: DeviceProps) -> None:
         assert d.block_mid_config(op, src, dst, 12288, 16 // d.ITEMSIZE[dst], 90) is None
 
 
-
 def test_block_capped_rows() -> None:
     """float32 layer_norm rows without a residual in 16-byte packs of 16 values a thread run on
     norm.cu's norm_block_capped (48 registers, no launch bounds: 1024-thread blocks too); every
@@ -1672,6 +1671,7 @@ def test_block_capped_rows() -> None:
                            **kwargs)
         assert plan.kernel.startswith("cunorm::norm_block<"), plan
     assert capped in d.all_kernel_names(80) and capped in d.all_kernel_names(90)
+
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_residual_one_block_rows_take_the_larger_block_on_a_tie(op: str) -> None:
