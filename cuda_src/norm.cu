@@ -343,11 +343,16 @@ __host__ __device__ constexpr int norm_block_full(int src_bytes) {
 }
 // EXACT: the row fills the block's packs (cols == blockDim.x * COLS), so no column is tested
 // (rows.cuh rows_block; cunorm/_dispatch.py block_exact has the rule and its measurements).
+// norm_block's launch bounds and rows, written once for it and norm_block_capped below (the
+// template parameters SRC, RMS, PACK, COLS and EXACT in scope).
+#define CUNORM_NORM_BLOCK_BOUNDS                                                      \
+  CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(sizeof(SRC)),         \
+                      sizeof(SRC) == 4 && !RMS ? 4 : norm_block_full(sizeof(SRC)))
+#define CUNORM_NORM_BLOCK_ROWS \
+  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>, EXACT>), true)
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, bool EXACT = false>
-__global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(sizeof(SRC)),
-                                    sizeof(SRC) == 4 && !RMS ? 4 : norm_block_full(sizeof(SRC)))
-    norm_block(CUNORM_NORM_PARAMS) {
-  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>, EXACT>), true);
+__global__ void CUNORM_NORM_BLOCK_BOUNDS norm_block(CUNORM_NORM_PARAMS) {
+  CUNORM_NORM_BLOCK_ROWS;
 }
 
 // float32 layer_norm rows (no residual) of 16 values a thread in 16-byte packs run the same
@@ -374,16 +379,18 @@ __global__ void CUNORM_BLOCK_BOUNDS(PACK * sizeof(SRC), COLS, norm_block_full(si
     __CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ >= 1204
 #define CUNORM_NORM_CAPPED __maxnreg__(CUNORM_NORM_LN32_REGS)
 #else
-#define CUNORM_NORM_CAPPED CUNORM_BLOCK_BOUNDS(16, 16, norm_block_full(4), 4)
+#define CUNORM_NORM_CAPPED CUNORM_NORM_BLOCK_BOUNDS
 #endif
 template <typename SRC, bool RMS, bool RESIDUAL, int PACK, int COLS, bool EXACT = false>
 __global__ void CUNORM_NORM_CAPPED norm_block_capped(CUNORM_NORM_PARAMS) {
   static_assert(sizeof(SRC) == 4 && !RMS && !RESIDUAL && PACK == 4 && COLS == 16,
                 "norm_block_capped holds float32 layer_norm rows of 16 values a thread");
   static_assert(CUNORM_NORM_LN32_REGS <= 64, "1024-thread blocks need at most 64 registers");
-  CUNORM_NORM_ROWS((rows_block<PACK, COLS, BlockRow<PACK * sizeof(SRC), COLS>, EXACT>), true);
+  CUNORM_NORM_BLOCK_ROWS;
 }
 #undef CUNORM_NORM_CAPPED
+#undef CUNORM_NORM_BLOCK_ROWS
+#undef CUNORM_NORM_BLOCK_BOUNDS
 
 // The parameter lines the shared-memory and cluster rows ask L1 for (rows.cuh Prefetch):
 // layer_norm's 4- and 8-byte parameters. H200, one process, two rounds (tools/gpu_profile.py
