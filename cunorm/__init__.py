@@ -9,8 +9,9 @@ from ._config import show_config
 from .attention import attention
 from .norm import layer_norm, rms_norm
 from .softmax import log_softmax, softmax
+from .softmax_grad import log_softmax_backward, softmax_backward
 
 __version__ = "0.1.0"
 
-__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "attention", "show_config",
-           "__version__"]
+__all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "layer_norm",
+           "rms_norm", "attention", "show_config", "__version__"]

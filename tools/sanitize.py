@@ -1,10 +1,11 @@
-"""Drive every softmax, layer_norm, rms_norm and attention kernel path on small inputs, for
-compute-sanitizer.
+"""Drive every softmax, layer_norm, rms_norm, softmax-gradient and attention kernel path on small
+inputs, for compute-sanitizer.
 
 Usage: ``compute-sanitizer --tool memcheck python tools/sanitize.py [PART ...]`` (also
 racecheck), PART one of ``softmax`` (softmax and log_softmax on every row path and the
-strided paths), ``norms`` (layer_norm and rms_norm on every row path) and ``attention``;
-all three without one. Under racecheck a part takes minutes (attention minutes a shape), so
+strided paths), ``norms`` (layer_norm and rms_norm on every row path), ``grad``
+(softmax_backward and log_softmax_backward on every path, in place too) and ``attention``;
+all four without one. Under racecheck a part takes minutes (attention minutes a shape), so
 the parts can run in separate calls. Exits non-zero if any result is wrong, so a sanitizer
 run also checks correctness.
 """
@@ -21,7 +22,7 @@ import numpy as np
 import cunorm
 from cunorm import _dispatch
 
-PARTS = ("softmax", "norms", "attention")
+PARTS = ("softmax", "norms", "grad", "attention")
 DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
 # (rows, cols) of the row ops. 32: 16-bit norm rows on the exact two-lane kernel that loads
 # its parameters with the row; 256: 16-bit layer_norm rows that load them with the row, on
@@ -48,6 +49,8 @@ def main(parts: tuple[str, ...] = PARTS) -> int:
         # plans on large grids only (_dispatch.warp_exact_min_blocks)
         with _dispatch.override_constants({"WARP_EXACT_EARLY_SM_BLOCKS": 0}):
             bad += check_norms(np.random.default_rng(3), [(5, 256)])
+    if "grad" in parts:
+        bad += check_grad(np.random.default_rng(4))
     if "attention" in parts:
         bad += check_attention(np.random.default_rng(1))
     cupy.cuda.Device().synchronize()
@@ -102,6 +105,40 @@ def check_softmax(rng: np.random.Generator) -> int:
                     print(f"WRONG strided {path} {consts} {np.dtype(dt).name} {shape}")
                     bad += 1
         _progress(f"softmax {np.dtype(dt).name}", started)
+    return bad
+
+
+def check_grad(rng: np.random.Generator) -> int:
+    """softmax_backward and log_softmax_backward on every path that holds the row (into a
+    fresh array and in place over dy): wrong results are counted."""
+    from cunorm import _grad_dispatch
+
+    bad = 0
+    for dt in DTYPES:
+        started = time.perf_counter()
+        for rows, cols in [*ROW_CASES, (3, 2056), (2, 32768), (2, 32776)]:
+            for log in (False, True):
+                fwd = cunorm.log_softmax if log else cunorm.softmax
+                bwd = cunorm.log_softmax_backward if log else cunorm.softmax_backward
+                y = fwd(cupy.asarray(rng.standard_normal((rows, cols)).astype(dt)))
+                dyh = rng.standard_normal((rows, cols)).astype(dt)
+                yf, dyf = cupy.asnumpy(y).astype(np.float64), dyh.astype(np.float64)
+                s = (dyf if log else yf * dyf).sum(-1, keepdims=True)
+                ref = dyf - np.exp(yf) * s if log else yf * (dyf - s)
+                for path in _grad_dispatch.GRAD_PATHS:
+                    for in_place in (False, True):
+                        dy = cupy.asarray(dyh)
+                        try:
+                            with _dispatch.force_path(path):
+                                dx = bwd(y, dy, out=dy if in_place else None)
+                        except ValueError:  # the path cannot hold the row
+                            continue
+                        got = cupy.asnumpy(dx).astype(np.float64)
+                        if not np.allclose(got, ref, atol=2e-2 * np.abs(ref).max()):
+                            print(f"WRONG {bwd.__name__} {path} in_place={in_place} "
+                                  f"{np.dtype(dt).name} {rows}x{cols}")
+                            bad += 1
+        _progress(f"grad {np.dtype(dt).name}", started)
     return bad
 
 

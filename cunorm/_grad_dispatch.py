@@ -1,0 +1,172 @@
+"""Pure launch planning for the softmax gradients (``cuda_src/grad.cu``).
+
+:func:`plan_grad` maps (op, dtype, rows, cols, alignment, device, occupancy oracle) to a
+:class:`cunorm._dispatch.LaunchPlan`, as :func:`cunorm._dispatch.plan_rows` does for the
+forward ops, and like it is unit-tested on a CPU with a fake device. A backward row moves
+three arrays (reads y and dy, writes dx), so the paths hold two row operands a thread:
+
+warp
+    a group of 1-32 lanes of a 128-thread block holds a row of y and of dy in registers (at
+    most :data:`GRAD_WARP_MAX_BYTES` of each a lane); read once;
+block
+    a block of 128-1024 threads (a multiple of 32) holds a row in registers (at most
+    :data:`GRAD_BLOCK_MAX_PACKS` packs of each a thread); read once;
+uncached
+    a block reads a row of any length twice: the sum, then the write.
+"""
+
+from __future__ import annotations
+
+from ._device import DeviceProps
+from ._dispatch import (
+    CTYPE,
+    ITEMSIZE,
+    MAX_GRID,
+    LaunchPlan,
+    Occupancy,
+    _cbool,
+    _cdiv,
+    _next_pow2,
+    max_pack,
+)
+
+GRAD_OPS = ("softmax_backward", "log_softmax_backward")
+#: Paths :func:`plan_grad` may be forced onto (``cunorm._dispatch.force_path``).
+GRAD_PATHS = ("warp", "block", "uncached")
+#: Threads of a warp-path block (128 / GROUP rows at a time).
+GRAD_WARP_BLOCK = 128
+#: Bytes of each of y and dy one lane of the warp path holds, in at most GRAD_WARP_MAX_PACKS
+#: packs (4 packs of 16 bytes: 16-bit rows of up to 1024 columns, float32 512, float64 256).
+#: H200, one process, softmax_backward GB/s (49152 rows; benchmarks/results/
+#: nvidia-h200-2026-11-29-session76-grad-profile.txt): 8 packs a lane (96 registers) against
+#: the block path's 128 threads of 2 packs, float16 2048 cols 4167 -> 4185, float32 1024
+#: 4154 -> 4212; float16 1024 on 2 packs a lane lost 1.5% (3972 -> 3917).
+GRAD_WARP_MAX_BYTES = 64
+GRAD_WARP_MAX_PACKS = 4
+#: Packs a lane holds before a row takes more lanes (up to 32).
+GRAD_WARP_LANE_PACKS = 1
+#: The block path: GRAD_BLOCK_TARGET_PACKS packs of each operand a thread, on as many threads
+#: as that takes (a multiple of 32, at least GRAD_BLOCK_MIN_THREADS), at most
+#: GRAD_BLOCK_MAX_PACKS past 1024 threads (1024-thread blocks have 64 registers a thread; 4
+#: packs of y and of dy take 32). 16-byte packs: 16-bit rows of up to 32768 columns, float32
+#: 16384, float64 8192. Smaller blocks of 4 packs a thread fit more of them an SM: H200, one
+#: process, 2 -> 4 packs, softmax_backward GB/s (session 76 record): float16 12288 cols 3776
+#: -> 4298 (768 -> 384 threads), 16384 4137 -> 4282, 4096 4246 -> 4270; float32 8192 3853 ->
+#: 4283, 4096 4174 -> 4280, 2048 4208 -> 4260; 3 packs lay between or below.
+GRAD_BLOCK_MIN_THREADS = 128
+GRAD_BLOCK_MAX_THREADS = 1024
+GRAD_BLOCK_TARGET_PACKS = 4
+GRAD_BLOCK_MAX_PACKS = 4
+#: The uncached path: threads of a block, and packs of each operand a thread has in flight.
+#: Under the kernel's 64-register bound (grad.cu), 4 packs of 16 bytes spilled: 512 x 4
+#: moved float16 65536 cols at 1627 GB/s, 1024 x 2 at 3248 (unbounded 512 x 4, 100 registers:
+#: 3226), float32 32768 at 1885 -> 2977 (unbounded 3061), 131072 1908 -> 2602 (2572); 512 x 2
+#: and 256 x 2 ran 1-20% below 1024 x 2 (same record).
+GRAD_UNCACHED_BLOCK = 1024
+GRAD_UNCACHED_PACKS = 2
+#: Most blocks a grid launches, in waves of the resident blocks (rows beyond it loop).
+GRAD_WAVES = 32
+
+
+def grad_kernel(op: str, dtype: str, pack: int, bound: int, group: int, packs: int,
+                hold: bool) -> str:
+    """NVRTC name of the ``softmax_grad`` instantiation (``cuda_src/grad.cu``): ``bound``
+    threads a block at most, ``group`` threads a row (0: the whole block)."""
+    log = _cbool(op == "log_softmax_backward")
+    return (f"cunorm::softmax_grad<{CTYPE[dtype]}, {log}, {pack}, {bound}, {group}, {packs}, "
+            f"{_cbool(hold)}>")
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return _cdiv(n, multiple) * multiple
+
+
+def grad_config(path: str, cols: int, pack: int,
+                itemsize: int) -> tuple[int, int, int, int] | None:
+    """(block threads, the kernel's bound on them, threads a row (0: the block), packs a
+    thread) of ``path`` for rows of ``cols`` columns in packs of ``pack`` elements, or None
+    where the path cannot hold the row."""
+    npacks = cols // pack
+    if path == "warp":
+        most = min(GRAD_WARP_MAX_PACKS, GRAD_WARP_MAX_BYTES // (pack * itemsize))
+        if npacks > 32 * most:
+            return None
+        group = min(32, _next_pow2(_cdiv(npacks, GRAD_WARP_LANE_PACKS)))
+        return GRAD_WARP_BLOCK, GRAD_WARP_BLOCK, group, _cdiv(npacks, group)
+    if path == "block":
+        per_thread = max(GRAD_BLOCK_TARGET_PACKS, _cdiv(npacks, GRAD_BLOCK_MAX_THREADS))
+        if per_thread > GRAD_BLOCK_MAX_PACKS:
+            return None
+        threads = max(_round_up(_cdiv(npacks, per_thread), 32), GRAD_BLOCK_MIN_THREADS)
+        return threads, GRAD_BLOCK_MAX_THREADS, 0, _cdiv(npacks, threads)
+    if path == "uncached":
+        return GRAD_UNCACHED_BLOCK, GRAD_UNCACHED_BLOCK, 0, GRAD_UNCACHED_PACKS
+    raise ValueError(f"unknown path {path!r} for the softmax gradients; expected one of "
+                     f"{GRAD_PATHS}")
+
+
+def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
+              props: DeviceProps, occ: Occupancy, force: str | None = None) -> LaunchPlan:
+    """Launch plan of ``op`` (``"softmax_backward"`` or ``"log_softmax_backward"``) over
+    ``rows`` rows of ``cols`` columns of ``dtype`` (y, dy and dx alike).
+
+    Parameters
+    ----------
+    align_elems : int
+        Alignment, in elements, that every pointer and row stride allows (a power of two):
+        the pack is the widest one dividing it and ``cols``, at most 16 bytes.
+    props, occ
+        The device and its occupancy oracle (``occ(kernel, block, smem)``), as for
+        :func:`cunorm._dispatch.plan_rows`.
+    force : str, optional
+        ``"warp"``, ``"block"`` or ``"uncached"``; ``ValueError`` if the row does not fit it.
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h200 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 60 << 20)
+    >>> plan_grad("softmax_backward", "float16", 4096, 1024, 8, h200,
+    ...           lambda kernel, block, smem: 8).kernel
+    'cunorm::softmax_grad<cunorm::half_t, false, 8, 128, 32, 4, true>'
+    """
+    if op not in GRAD_OPS:
+        raise ValueError(f"unknown op {op!r}; expected one of {GRAD_OPS}")
+    if dtype not in CTYPE:
+        raise ValueError(f"no {op} kernel for {dtype}; expected one of {tuple(CTYPE)}")
+    if rows < 1 or cols < 1:
+        raise ValueError(f"{op}: nothing to plan for ({rows}, {cols})")
+    if force is not None and force not in GRAD_PATHS:
+        raise ValueError(f"{op} has no {force!r} path; expected one of {GRAD_PATHS}")
+    itemsize = ITEMSIZE[dtype]
+    pack = max_pack(cols, itemsize, align_elems)
+    cfg = None
+    for path in (force,) if force else GRAD_PATHS:
+        cfg = grad_config(path, cols, pack, itemsize)
+        if cfg is not None:
+            break
+    if cfg is None:
+        raise ValueError(f"{op}: rows of {cols} columns do not fit the {force!r} path")
+    block, bound, group, packs = cfg
+    name = grad_kernel(op, dtype, pack, bound, group, packs, path != "uncached")
+    per_sm = max(1, occ(name, block, 0))
+    row_blocks = _cdiv(rows, block // group if group else 1)
+    grid = min(row_blocks, props.sm_count * per_sm * GRAD_WAVES, MAX_GRID)
+    return LaunchPlan(path, name, grid, block, 0)
+
+
+def all_grad_kernel_names() -> list[str]:
+    """Every ``softmax_grad`` instantiation :func:`plan_grad` can emit, forced paths
+    included (the nvcc compile test, ``python -m cunorm.precompile``)."""
+    names = set()
+    for dtype, itemsize in ITEMSIZE.items():
+        for op in GRAD_OPS:
+            for pack in (p for p in (1, 2, 4, 8) if p * itemsize <= 16):
+                for path in GRAD_PATHS:
+                    top = {"warp": 32 * GRAD_WARP_MAX_PACKS * pack,
+                           "block": GRAD_BLOCK_MAX_THREADS * GRAD_BLOCK_MAX_PACKS * pack,
+                           "uncached": pack}[path]
+                    for cols in range(pack, top + 1, pack):
+                        cfg = grad_config(path, cols, pack, itemsize)
+                        if cfg is not None:
+                            names.add(grad_kernel(op, dtype, pack, *cfg[1:], path != "uncached"))
+    return sorted(names)

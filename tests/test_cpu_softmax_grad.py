@@ -1,0 +1,226 @@
+"""softmax_backward / log_softmax_backward on the CPU: the NumPy path against the Jacobian of
+the forward (explicit and by finite differences), every bad input with its message, and the
+pure planner (:mod:`cunorm._grad_dispatch`) on fake devices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_cpu_dispatch import A100, H100, H200, SMALL_80, fake_occ
+
+import cunorm
+from cunorm import _dispatch
+from cunorm import _grad_dispatch as g
+
+OPS = {"softmax_backward": (cunorm.softmax, cunorm.softmax_backward),
+       "log_softmax_backward": (cunorm.log_softmax, cunorm.log_softmax_backward)}
+
+
+def jacobian_product(x: np.ndarray, dy: np.ndarray, log: bool) -> np.ndarray:
+    """dx = J(x)^T dy of (log_)softmax over the last axis, from the explicit Jacobian."""
+    out = np.empty_like(x)
+    for i, (row, g_row) in enumerate(zip(x.reshape(-1, x.shape[-1]),
+                                         dy.reshape(-1, x.shape[-1]), strict=True)):
+        p = np.exp(row - row.max())
+        p /= p.sum()
+        if log:
+            jac = np.eye(p.size) - p[None, :]  # d log p_i / d x_j
+        else:
+            jac = np.diag(p) - np.outer(p, p)
+        out.reshape(-1, x.shape[-1])[i] = jac.T @ g_row
+    return out
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("cols", [1, 2, 7, 100])
+def test_numpy_path_is_the_jacobian_product(op, cols):
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal((5, cols)) * 3
+    dy = rng.standard_normal((5, cols))
+    fwd, bwd = OPS[op]
+    dx = bwd(fwd(x), dy)
+    assert dx.dtype == np.float64 and dx.shape == x.shape
+    np.testing.assert_allclose(dx, jacobian_product(x, dy, op.startswith("log")),
+                               rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_numpy_path_matches_finite_differences(op):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 9))
+    dy = rng.standard_normal((3, 9))
+    fwd, bwd = OPS[op]
+    h = 1e-6
+    numeric = np.empty_like(x)
+    for idx in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += h
+        xm[idx] -= h
+        numeric[idx] = ((fwd(xp) - fwd(xm)) * dy).sum() / (2 * h)
+    np.testing.assert_allclose(bwd(fwd(x), dy), numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_numpy_path_axes_dtypes_and_out(op):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 5, 6))
+    dy = rng.standard_normal((4, 5, 6))
+    fwd, bwd = OPS[op]
+    log = op.startswith("log")
+    # a tuple of axes is one flattened row
+    y = fwd(x, axis=(1, 2))
+    dx = bwd(y, dy, axis=(1, 2))
+    flat = jacobian_product(x.reshape(4, 30), dy.reshape(4, 30), log).reshape(4, 5, 6)
+    np.testing.assert_allclose(dx, flat, rtol=1e-12, atol=1e-14)
+    # axis 0, and out= (dy itself)
+    y0 = fwd(x, axis=0)
+    ref = np.moveaxis(jacobian_product(np.moveaxis(x, 0, -1), np.moveaxis(dy, 0, -1), log),
+                      -1, 0)
+    d2 = dy.copy()
+    assert bwd(y0, d2, axis=0, out=d2) is d2
+    np.testing.assert_allclose(d2, ref, rtol=1e-12, atol=1e-14)
+    # float32 in, float32 out
+    d32 = bwd(y.astype(np.float32), dy.astype(np.float32), axis=(1, 2))
+    assert d32.dtype == np.float32
+    np.testing.assert_allclose(d32, flat, rtol=1e-5, atol=1e-6)
+    # empty
+    assert bwd(np.empty((0, 3)), np.empty((0, 3))).shape == (0, 3)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bad_inputs(op):
+    bwd = OPS[op][1]
+    y = np.zeros((2, 3))
+    with pytest.raises(TypeError, match=rf"{op}\(\): y must be a numpy.ndarray"):
+        bwd([[0.0]], y)
+    with pytest.raises(TypeError, match=rf"{op}\(\): dy must be a numpy.ndarray"):
+        bwd(y, [[0.0]])
+    with pytest.raises(ValueError, match=r"dy has shape \(3, 2\); expected \(2, 3\) \(the "
+                                         r"shape of y\)"):
+        bwd(y, np.zeros((3, 2)))
+    with pytest.raises(TypeError, match="dy has dtype float32; expected float64"):
+        bwd(y, np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match="y has dtype int64"):
+        bwd(np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64))
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        bwd(y, y, axis=2)
+    with pytest.raises(ValueError, match="repeats an axis"):
+        bwd(y, y, axis=(1, -1))
+    with pytest.raises(TypeError, match="axis must be an int"):
+        bwd(y, y, axis=1.0)
+    with pytest.raises(ValueError, match=r"out has shape \(3,\)"):
+        bwd(y, y, out=np.zeros(3))
+    with pytest.raises(TypeError, match="out has dtype float32; expected float64"):
+        bwd(y, y, out=np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
+        bwd(y, y, out=[0.0])
+
+
+# --- the planner --------------------------------------------------------------------------
+def plan(cols: int, dtype: str = "float16", *, rows: int = 4096, align: int = 16, props=H200,
+         force: str | None = None, op: str = "softmax_backward"):
+    return g.plan_grad(op, dtype, rows, cols, align, props, fake_occ(props), force)
+
+
+@pytest.mark.parametrize(("dtype", "warp_top"), [("float16", 1024), ("bfloat16", 1024),
+                                                 ("float32", 512), ("float64", 256)])
+def test_paths_by_row_length(dtype, warp_top):
+    itemsize = _dispatch.ITEMSIZE[dtype]
+    pack = 16 // itemsize
+    assert plan(warp_top, dtype).path == "warp"
+    assert plan(warp_top + pack, dtype).path == "block"
+    block_top = 1024 * g.GRAD_BLOCK_MAX_PACKS * pack  # 64 KB of each operand a row
+    assert block_top * itemsize == 64 * 1024
+    assert plan(block_top, dtype).path == "block"
+    assert plan(block_top + pack, dtype).path == "uncached"
+
+
+def args(kernel: str) -> tuple[str, ...]:
+    """Template arguments of a ``softmax_grad`` name: (T, LOG, PACK, BOUND, GROUP, N, HOLD)."""
+    return tuple(a.strip() for a in kernel.split("<", 1)[1].rstrip(">").split(","))
+
+
+@pytest.mark.parametrize(("cols", "expect"), [
+    # (pack, threads of the block, the kernel's bound on them, threads a row, packs a thread)
+    (1, (1, 128, 128, 1, 1)), (8, (8, 128, 128, 1, 1)), (16, (8, 128, 128, 2, 1)),
+    (24, (8, 128, 128, 4, 1)), (256, (8, 128, 128, 32, 1)), (264, (8, 128, 128, 32, 2)),
+    (1024, (8, 128, 128, 32, 4)), (1032, (8, 128, 1024, 0, 2)), (2056, (8, 128, 1024, 0, 3)),
+    (3000, (8, 128, 1024, 0, 3)), (4096, (8, 128, 1024, 0, 4)), (12288, (8, 384, 1024, 0, 4)),
+    (16384, (8, 512, 1024, 0, 4)), (16392, (8, 544, 1024, 0, 4)),
+    (32768, (8, 1024, 1024, 0, 4)), (32776, (8, 1024, 1024, 0, 2)),
+])
+def test_layout_of_float16_rows(cols, expect):
+    p = plan(cols)
+    pack, block, bound, group, packs = expect
+    hold = "false" if p.path == "uncached" else "true"
+    assert args(p.kernel) == ("cunorm::half_t", "false", str(pack), str(bound), str(group),
+                              str(packs), hold)
+    assert p.block == block and p.smem == 0
+    assert args(plan(cols, op="log_softmax_backward").kernel)[1] == "true"
+
+
+def test_pack_follows_alignment_and_columns():
+    assert args(plan(1024).kernel)[2:6] == ("8", "128", "32", "4")
+    assert args(plan(1024, align=2).kernel)[2:6] == ("2", "1024", "0", "4")
+    assert plan(1024, align=2).block == 128
+    assert args(plan(1023).kernel)[2:6] == ("1", "1024", "0", "4")
+    assert plan(1023).block == 256
+    assert args(plan(1000, "float32", align=2).kernel)[2:6] == ("2", "1024", "0", "4")
+    # scalar 16-bit rows leave the warp path past 32 lanes x 4 packs
+    assert plan(128, align=1).path == "warp" and plan(129, align=1).path == "block"
+
+
+def test_grid_is_capped_in_waves_of_resident_blocks():
+    p = plan(4096, rows=10**7)
+    per_sm = H200.max_threads_per_sm // p.block
+    assert p.grid == H200.sm_count * per_sm * g.GRAD_WAVES
+    assert plan(4096, rows=3).grid == 3
+    assert plan(64, rows=100).grid == 7  # 8 lanes a row: 16 rows a block
+    assert plan(64, rows=100, props=SMALL_80).grid == 7
+
+
+@pytest.mark.parametrize("force", g.GRAD_PATHS)
+@pytest.mark.parametrize("props", [H100, A100, SMALL_80, H200])
+def test_forced_paths(force, props):
+    for cols in (1, 100, 2048, 2049, 30000, 1 << 20):
+        fits = g.grad_config(force, cols, _dispatch.max_pack(cols, 2, 16), 2) is not None
+        if fits:
+            assert plan(cols, props=props, force=force).path == force
+        else:
+            with pytest.raises(ValueError, match=f"do not fit the '{force}' path"):
+                plan(cols, props=props, force=force)
+    assert plan(1 << 24, force="uncached").path == "uncached"
+
+
+def test_plan_errors():
+    with pytest.raises(ValueError, match="has no 'smem' path"):
+        plan(100, force="smem")
+    with pytest.raises(ValueError, match="unknown op 'softmax'"):
+        plan(100, op="softmax")
+    with pytest.raises(ValueError, match="no softmax_backward kernel for int8"):
+        plan(100, "int8")
+    with pytest.raises(ValueError, match="nothing to plan"):
+        plan(0)
+
+
+def test_every_planned_kernel_is_listed():
+    """precompile and the nvcc test compile :func:`all_grad_kernel_names`: every plan, forced
+    or not, on every alignment, names one of them, and the names reach
+    :func:`cunorm._dispatch.all_kernel_names` with grad.cu as their source."""
+    listed = set(g.all_grad_kernel_names())
+    planned = set()
+    for dtype in _dispatch.ITEMSIZE:
+        for op in g.GRAD_OPS:
+            for align in (1, 2, 4, 8, 16):
+                for cols in [*range(1, 300), *range(300, 70000, 97), 1 << 20]:
+                    for force in (None, *g.GRAD_PATHS):
+                        try:
+                            p = plan(cols, dtype, align=align, force=force, op=op)
+                        except ValueError:
+                            continue
+                        planned.add(p.kernel)
+    assert planned <= listed
+    assert len(listed) == len(set(listed))
+    everything = set(_dispatch.all_kernel_names(90))
+    assert listed <= everything and listed <= set(_dispatch.all_kernel_names(80))
+    assert {_dispatch.kernel_file(n) for n in listed} == {"grad.cu"}
