@@ -434,7 +434,7 @@ def test_opspec_defaults_unchanged() -> None:
     # The row-wise ops keep their family and rowwise flag; attention added no row-wise op.
     assert [op.name for op in rowwise_ops()] == [
         "softmax", "log_softmax", "layer_norm", "rms_norm", "layer_norm_residual",
-        "rms_norm_residual",
+        "rms_norm_residual", "softmax_backward", "log_softmax_backward",
     ]  # fmt: skip
     assert isinstance(OPS["softmax"], OpSpec) and OPS["softmax"].runner is None
 
@@ -445,3 +445,193 @@ def test_make_timer_rejects_unknown_choice() -> None:
 
     with pytest.raises(ValueError, match="unknown timer 'bogus'; expected auto, padded"):
         make_timer("bogus")
+
+
+# -- softmax_backward / log_softmax_backward (the softmax_grad family) ----------------------------
+GRAD_OPS = ("softmax_backward", "log_softmax_backward")
+
+
+def _numpy_cupy() -> Any:
+    """NumPy standing in for CuPy: enough of it for :func:`make_case` and the guard's float64
+    check, so the GPU path's inputs and reference run on the CPU."""
+    import types
+
+    fake = types.ModuleType("cupy")
+    fake.__dict__.update(
+        __getattr__=lambda name: getattr(np, name),  # module __getattr__: the rest is NumPy's
+        random=types.SimpleNamespace(RandomState=np.random.default_rng),
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=lambda: None)),
+    )
+    return fake
+
+
+def _jacobian_product(y: np.ndarray, dy: np.ndarray, log: bool) -> np.ndarray:
+    """dx = J^T dy row by row from the explicit Jacobian of (log_)softmax at output y."""
+    dx = np.empty(y.shape)
+    for i, (row, g) in enumerate(zip(y.astype(np.float64), dy.astype(np.float64), strict=True)):
+        p = np.exp(row) if log else row
+        jac = np.eye(p.size) - p[None, :] if log else np.diag(p) - np.outer(p, p)
+        dx[i] = jac.T @ g
+    return dx
+
+
+def test_grad_op_entries() -> None:
+    for name in GRAD_OPS:
+        op = OPS[name]
+        assert op.family == "softmax_grad" and op.cunorm_attr == name and op.rowwise
+        assert op.log == name.startswith("log") and op.second_input and not op.residual
+        assert op.arrays_moved == 3 and op.extra_cases == () and op.runner is None
+        assert op.usage == f"`cunorm.{name}(y, dy, axis=axis)`"
+        assert op in rowwise_ops()
+        # 3 full-size arrays: y and dy read, dx written.
+        assert op.moved_bytes(49152 * 1024, 2) == 3 * 49152 * 1024 * 2
+    assert OPS["softmax_backward"].aten_grad == "_softmax_backward_data"
+    assert OPS["log_softmax_backward"].aten_grad == "_log_softmax_backward_data"
+
+
+@pytest.mark.parametrize("name", GRAD_OPS)
+def test_grad_reference_is_the_jacobian_product(rng: np.random.Generator, name: str) -> None:
+    op = OPS[name]
+    x = rng.standard_normal((6, 37)) * 3
+    y = op.forward_reference(np, x)
+    if op.log:
+        np.testing.assert_allclose(np.log(np.exp(y).sum(-1)), 0, atol=1e-14)
+    else:
+        assert (y > 0).all() and np.allclose(y.sum(-1), 1, rtol=1e-14)
+    dy = rng.standard_normal(x.shape)
+    ref = op.reference(np, y, r2d=dy)
+    np.testing.assert_allclose(ref, _jacobian_product(y, dy, op.log), rtol=1e-12, atol=1e-14)
+    # The direct formula, and cunorm's NumPy path on float64 inputs.
+    if op.log:
+        direct = dy - np.exp(y) * dy.sum(-1, keepdims=True)
+    else:
+        direct = y * (dy - (y * dy).sum(-1, keepdims=True))
+    np.testing.assert_allclose(ref, direct, rtol=1e-14, atol=1e-15)
+    fn, why = op.resolve()
+    assert fn is not None, why
+    np.testing.assert_allclose(op.call(fn, y, None, None, -1, dy), ref, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", GRAD_OPS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_grad_case_and_guard(monkeypatch: pytest.MonkeyPatch, name: str, dtype: str) -> None:
+    """make_case gives y = a real forward output rounded to the dtype and a random normal dy;
+    the guard passes cunorm's result and catches a wrong one (float64 path, no torch)."""
+    import sys
+
+    from cunorm.bench import cases
+    from cunorm.bench.ops import TOLERANCE, numpy_dtype
+
+    monkeypatch.setitem(sys.modules, "cupy", _numpy_cupy())
+    op = OPS[name]
+    case = cases.make_case(op, (48, 300), dtype)
+    y, dy = case.x, case.r
+    assert y.dtype == dy.dtype == numpy_dtype(dtype) and y.shape == dy.shape == (48, 300)
+    assert case.nbytes == 3 * y.size * y.dtype.itemsize
+    assert np.count_nonzero(dy) == dy.size and float(dy.astype(np.float32).std()) > 0.9
+    # y is the forward of random data, rounded: a real output within one rounding of the dtype
+    # (for log_softmax, exp(y) carries the absolute rounding error of y: up to max|y| ulps).
+    y64 = y.astype(np.float64)
+    eps = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23}[dtype]
+    total = np.exp(y64).sum(-1) if op.log else y64.sum(-1)
+    bound = eps * (np.abs(y64).max() if op.log else 1.0)
+    assert np.abs(total - 1).max() <= bound
+    assert len(np.unique(y)) > 100  # not a constant row
+    fn, why = op.resolve()
+    assert fn is not None, why
+    good = cases.check_output(case, case.cunorm(fn), None)
+    assert good.ok and good.err <= TOLERANCE[dtype], good
+    assert "float64" in good.note
+    bad = cases.check_output(case, dy, None)  # dx = dy: the sum term dropped
+    assert not bad.ok and "vs float64" in bad.note
+
+
+@pytest.mark.parametrize("name", GRAD_OPS)
+def test_grad_peer_functions(name: str) -> None:
+    """torch eager calls autograd's aten op as (dy, y, dim, y.dtype); the JAX function, run on
+    NumPy as jnp, computes in float32 for float16 and returns y's dtype."""
+    from types import SimpleNamespace
+
+    op = OPS[name]
+    calls = []
+    aten = SimpleNamespace(**{op.aten_grad: lambda *a: calls.append(a) or "dx"})
+    torch = SimpleNamespace(ops=SimpleNamespace(aten=aten), nn=SimpleNamespace(functional=None))
+    y = SimpleNamespace(dtype="torch.float16")
+    assert op.torch_fn(torch)(y, None, None, "dy", -1) == "dx"
+    assert calls == [("dy", y, -1, "torch.float16")]
+
+    rng = np.random.default_rng(0)
+    y16 = op.forward_reference(np, rng.standard_normal((4, 64))).astype(np.float16)
+    dy16 = rng.standard_normal((4, 64)).astype(np.float16)
+    dx = op.jax_fn(SimpleNamespace(numpy=np), -1)(y16, None, None, dy16)
+    assert dx.dtype == np.float16
+    ref = op.reference(np, y16, r2d=dy16)
+    err = np.abs(dx - ref).max(-1) / np.abs(ref).max(-1)
+    assert err.max() < 2e-3
+
+
+def test_grad_cupyx_and_triton_not_timed() -> None:
+    from types import SimpleNamespace
+
+    from cunorm.bench.cases import Case
+    from cunorm.bench.peers import Cupyx, PeerUnavailable, Triton
+
+    triton = Triton.__new__(Triton)  # no torch, no GPU: build() refuses before either is used
+    triton.k = SimpleNamespace(DTYPES=("float16", "bfloat16", "float32"), MAX_COLS=16384)
+    for name in GRAD_OPS:
+        case = Case(OPS[name], "float32", np.ones((2, 8), np.float32), r=np.ones((2, 8)))
+        with pytest.raises(PeerUnavailable) as exc:
+            Cupyx.__new__(Cupyx).build(case)
+        assert str(exc.value) == f"cupyx.scipy.special has no softmax gradient; {name} not timed"
+        with pytest.raises(PeerUnavailable) as exc:
+            triton.build(case)
+        assert str(exc.value) == (
+            f"the minimal Triton kernels are forward only (no backward); {name} not timed"
+        )
+
+
+def test_grad_method_paragraph() -> None:
+    from cunorm.bench.report import method_paragraph
+
+    text = method_paragraph({"timer": "events"}, "softmax_backward")
+    for part in ("3·rows·cols·itemsize", "y and dy read, dx written",
+                 "`torch.ops.aten._softmax_backward_data(dy, y, dim, y.dtype)`",
+                 "`cunorm.softmax_backward(y, dy, axis=axis)`", "y = softmax of random normal",
+                 "dx = y·(dy − Σ y·dy)", "triton: not timed", "cupyx: not timed"):  # fmt: skip
+        assert part in text, part
+    text = method_paragraph({"timer": "events"}, "log_softmax_backward")
+    assert "_log_softmax_backward_data" in text and "dx = dy − exp(y)·Σdy" in text
+    # The other ops keep their text.
+    assert "cupyx: `cupyx.scipy.special`" in method_paragraph({"timer": "events"}, "softmax")
+
+
+@pytest.mark.parametrize("name", GRAD_OPS)
+def test_grad_numpy_fallback(name: str) -> None:
+    from cunorm.bench.sweep import Notes, run_numpy
+    from cunorm.bench.timing import gbps
+
+    op = OPS[name]
+    fn, why = op.resolve()
+    assert fn is not None, why
+    notes = Notes()
+    notes.sink = lambda m: None
+    rows = run_numpy(op, fn, [32, 1000], notes)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and not notes.lines
+    for r in rows:
+        assert r["err"] < 2e-6 and r["gbps"] == gbps(3 * r["rows"] * r["cols"] * 4, r["ms"])
+    rows = run_numpy(op, lambda y, dy, axis: dy, [32], notes)  # the sum term dropped
+    assert rows[0]["status"] == "MISMATCH" and "MISMATCH" in notes.lines[0]
+
+
+def test_grad_no_gpu_command(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import cunorm
+
+    monkeypatch.setattr(env, "probe_gpu", lambda: (False, "test: no GPU"))
+    for name in GRAD_OPS:
+        assert main([name, "--cols", "32,128"]) == 0
+        out = capsys.readouterr().out
+        rows = [line.split() for line in out.splitlines() if line.startswith(name)]
+        assert [r[2] for r in rows] == ["32", "128"] and all(r[-1] == "ok" for r in rows)
+    monkeypatch.delattr(cunorm, "softmax_backward")
+    assert main(["softmax_backward", "--quick"]) == 2
+    assert "cunorm.softmax_backward is not available yet" in capsys.readouterr().out

@@ -3,7 +3,8 @@
 Every implementation in a cell reads the *same* device buffers: the input (and, for the
 residual norms, the second input ``r``) is created once with CuPy (random normal, never zeros: a
 zero input would let kernels skip work and make exp() trivially cheap) and handed to PyTorch and
-JAX through DLPack.
+JAX through DLPack. The softmax gradients read ``y``, the (log_)softmax of such an input, in
+place of ``x``, and a random normal ``dy`` in place of ``r``.
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ def to_jax(a: Any) -> Any:
 @dataclass
 class Case:
     """One input of one op: ``x`` plus its weight/bias (and residual ``r`` for the residual
-    norms), and lazily made torch/JAX views of all four (``None`` where the op has none)."""
+    norms), and lazily made torch/JAX views of all four (``None`` where the op has none).
+
+    For the softmax_grad family ``x`` is the forward's output ``y`` and ``r`` is ``dy``.
+    """
 
     op: OpSpec
     dtype: str
@@ -171,22 +175,46 @@ def random_normal(shape: tuple[int, ...], dtype: str, rs: Any) -> Any:
 def make_case(
     op: OpSpec, shape: tuple[int, ...], dtype: str, axis: int = -1, seed: int = 0
 ) -> Case:
-    """Fresh random input for ``op`` (plus weight/bias of length ``shape[axis]``, and for a
-    residual op a second input ``r`` of ``x``'s shape and dtype, drawn the same way).
+    """Fresh random input for ``op`` (plus weight/bias of length ``shape[axis]``, and for an
+    op with a :attr:`~OpSpec.second_input` a second input ``r`` of ``x``'s shape and dtype,
+    drawn the same way).
 
     ``x``, ``w`` and ``b`` are drawn first, so they are the same as the plain op's at the
-    same seed.
+    same seed. For the softmax_grad family ``x`` is then replaced by ``y``, the forward of the
+    drawn ``x`` (see :func:`forward_output`), and ``r`` is ``dy``.
     """
     import cupy
 
     rs = cupy.random.RandomState(seed)
     x = random_normal(shape, dtype, rs)
+    if op.family == "softmax_grad":
+        x = forward_output(op, x, dtype, axis)
     cols = shape[axis]
     w = random_normal((cols,), dtype, rs) if "weight" in op.params else None
     b = random_normal((cols,), dtype, rs) if "bias" in op.params else None
-    r = random_normal(shape, dtype, rs) if op.residual else None
+    r = random_normal(shape, dtype, rs) if op.second_input else None
     synchronize()  # JAX reads through DLPack on its own stream: the data must exist first
     return Case(op, dtype, x, w, b, r, axis)
+
+
+def forward_output(op: OpSpec, x: Any, dtype: str, axis: int) -> Any:
+    """``y`` for a softmax gradient: (log_)softmax of the CuPy array ``x`` over ``axis``.
+
+    The float64 reference (:meth:`OpSpec.forward_reference`), evaluated in row chunks so a
+    6 GB input needs no full-size float64 temporaries, then rounded to ``dtype`` through float32
+    as :func:`random_normal` rounds its draws. Independent of cunorm's forward, so a fault there
+    cannot change the inputs the backward is timed on. Contiguous, in ``x``'s layout.
+    """
+    import cupy
+
+    x2d = _rows2d_cupy(x, axis)
+    rows, cols = x2d.shape
+    y2d = cupy.empty((rows, cols), cupy.float64 if dtype == "float64" else cupy.float32)
+    step = max(1, _CHECK_CHUNK_ELEMS // max(1, cols))
+    for i in range(0, rows, step):
+        y2d[i : i + step] = op.forward_reference(cupy, _f64(x2d[i : i + step]))
+    y = cupy.moveaxis(y2d.reshape(cupy.moveaxis(x, axis, -1).shape), -1, axis)
+    return _astype(cupy.ascontiguousarray(y), dtype)
 
 
 # -- correctness guard ------------------------------------------------------------------------
@@ -246,7 +274,7 @@ def _input_rows_f64(case: Case, idx: Any) -> Any:
     """Float64 copy of the rows ``idx`` (index array or slice) of what the op normalizes:
     ``x``, or for a residual op ``h = x + r`` rounded to ``x``'s dtype."""
     x2d = _rows2d_cupy(case.x, case.axis)
-    if case.r is None:
+    if not case.op.residual:
         return _f64(x2d[idx])
     r2d = _rows2d_cupy(case.r, case.axis)
     return _f64(_astype(_f64(x2d[idx]) + _f64(r2d[idx]), case.dtype))
@@ -256,7 +284,10 @@ def _err_rows_f64(case: Case, out2d_cupy: Any, idx: Any) -> float:
     """Max relative error of the given rows against the float64 reference (CuPy)."""
     import cupy
 
-    ref = case.op.reference(cupy, _input_rows_f64(case, idx), _f64(case.w), _f64(case.b))
+    # dy of a softmax gradient (a residual op's r is already summed into the rows of h)
+    grad = case.op.family == "softmax_grad"
+    dy = _f64(_rows2d_cupy(case.r, case.axis)[idx]) if grad else None
+    ref = case.op.reference(cupy, _input_rows_f64(case, idx), _f64(case.w), _f64(case.b), dy)
     num = cupy.abs(_f64(out2d_cupy[idx]) - ref).max(axis=-1)
     den = cupy.maximum(cupy.abs(ref).max(axis=-1), 1e-300)
     err = cupy.nan_to_num(num / den, nan=float("inf"))

@@ -1,15 +1,21 @@
 """The ops the benchmark knows: one :class:`OpSpec` entry per op in :data:`OPS`.
 
-An entry names the cunorm function and its family. The family (``"softmax"`` or ``"norm"``) is
-what the peers key on: it says how to call cunorm, PyTorch and JAX, which Triton kernel applies
-and how to compute the float64 reference. A new row-wise op of an existing family is one entry;
-an op that does not fit the row-wise sweep (attention) sets ``rowwise=False`` and brings its own
-``runner``.
+An entry names the cunorm function and its family. The family (``"softmax"``, ``"softmax_grad"``
+or ``"norm"``) is what the peers key on: it says how to call cunorm, PyTorch and JAX, which
+Triton kernel applies and how to compute the float64 reference. A new row-wise op of an existing
+family is one entry; an op that does not fit the row-wise sweep (attention) sets
+``rowwise=False`` and brings its own ``runner``.
 
 A norm with ``residual=True`` is the pre-norm transformer block fused in one pass: a second
 input ``r`` of ``x``'s shape and dtype, ``h = x + r`` rounded to that dtype, and the result is the
 pair ``(norm(h), h)``. It moves four full-size arrays (``arrays_moved=4``: x and r read, y and h
 written) where the plain ops move two, and its GB/s is counted accordingly.
+
+The ``"softmax_grad"`` family is the backward of softmax and log_softmax: ``dx`` from the
+forward's output ``y`` and the output gradient ``dy``. The case's input ``x`` holds ``y`` (a real
+forward output, see :meth:`OpSpec.forward_reference`) and its second input ``r`` holds ``dy``,
+passed the way the residual norms pass ``r``. It moves three full-size arrays (y and dy read, dx
+written: ``arrays_moved=3``).
 
 cunorm is imported lazily and every function is looked up by name, so the benchmark keeps
 working while the library grows: an op whose function does not exist yet is reported as
@@ -83,11 +89,13 @@ class OpSpec:
         CLI name, also used in file names.
     cunorm_attr : str
         Attribute of the ``cunorm`` namespace implementing it.
-    family : {"softmax", "norm", "attention"}
-        Selects call conventions, peers, Triton kernel and reference. ``"attention"`` is
-        benchmarked by :mod:`cunorm.bench.attention` (its own shapes, peers and reports).
+    family : {"softmax", "softmax_grad", "norm", "attention"}
+        Selects call conventions, peers, Triton kernel and reference. ``"softmax_grad"`` is the
+        backward of (log_)softmax: inputs ``y`` (the forward's output, in the case's ``x``) and
+        ``dy`` (in ``r``), result ``dx``. ``"attention"`` is benchmarked by
+        :mod:`cunorm.bench.attention` (its own shapes, peers and reports).
     log : bool
-        Softmax family: log_softmax instead of softmax.
+        Softmax and softmax_grad families: log_softmax (its backward) instead of softmax.
     rms : bool
         Norm family: RMS norm (no mean, no bias) instead of layer norm.
     residual : bool
@@ -100,7 +108,8 @@ class OpSpec:
         Norm family: epsilon, passed explicitly to every implementation so they all agree.
     arrays_moved : int
         Full-size arrays (``rows * cols`` elements) that must cross memory once each, reads
-        and writes together: 2 for ``y = f(x)``, 4 for the residual norms. GB/s counts these.
+        and writes together: 2 for ``y = f(x)``, 3 for the softmax gradients (y and dy read,
+        dx written), 4 for the residual norms. GB/s counts these.
     rowwise : bool
         Part of the ``(rows, cols)`` sweep and of ``all``.
     extra_cases : tuple of ExtraCase
@@ -121,6 +130,12 @@ class OpSpec:
     rowwise: bool = True
     extra_cases: tuple[ExtraCase, ...] = ()
     runner: Callable[[Any], int] | None = None
+
+    @property
+    def second_input(self) -> bool:
+        """Whether every implementation reads a second full-size input ``r`` of ``x``'s shape
+        and dtype: the residual of the residual norms, ``dy`` of the softmax gradients."""
+        return self.residual or self.family == "softmax_grad"
 
     # -- cunorm ---------------------------------------------------------------------------------
     def resolve(self) -> tuple[Callable[..., Any] | None, str]:
@@ -148,10 +163,14 @@ class OpSpec:
     def call(self, fn: Callable[..., Any], x: Any, w: Any, b: Any, axis: int, r: Any = None) -> Any:
         """Call cunorm (or its NumPy path) the way a user would.
 
-        Returns ``y``, or the pair ``(y, h)`` for a residual op (``r`` is then required).
+        Returns ``y``, or the pair ``(y, h)`` for a residual op (``r`` is then required). For
+        the softmax_grad family ``x`` is the forward's output ``y`` and ``r`` is ``dy``; the
+        result is ``dx``.
         """
         if self.family == "softmax":
             return fn(x, axis=axis)
+        if self.family == "softmax_grad":
+            return fn(x, r, axis=axis)
         args = [x, w] + ([b] if "bias" in self.params else [])
         if self.residual:
             return fn(*args, axis=axis, eps=self.eps, residual=r)
@@ -164,21 +183,34 @@ class OpSpec:
             return f"`cunorm.{self.cunorm_attr}(q, k, v, causal=causal)`"
         if self.family == "softmax":
             return f"`cunorm.{self.cunorm_attr}(x, axis=axis)`"
+        if self.family == "softmax_grad":
+            return f"`cunorm.{self.cunorm_attr}(y, dy, axis=axis)`"
         args = ", ".join(["x", "w"] + (["b"] if "bias" in self.params else []))
         extra = ", residual=r" if self.residual else ""
         return f"`cunorm.{self.cunorm_attr}({args}, eps={self.eps:g}{extra})`"
 
     # -- peers ----------------------------------------------------------------------------------
+    @property
+    def aten_grad(self) -> str:
+        """Softmax_grad family: the ``torch.ops.aten`` op torch's autograd runs for it."""
+        return "_log_softmax_backward_data" if self.log else "_softmax_backward_data"
+
     def torch_fn(self, torch: Any) -> Callable[[Any, Any, Any, Any, int], Any]:
         """``f(t, weight, bias, residual, dim)`` in PyTorch eager (also what ``torch.compile``
         compiles). ``residual`` is None except for residual ops, where ``f`` returns
-        ``(norm(t + residual), t + residual)``."""
+        ``(norm(t + residual), t + residual)``, and the softmax gradients, where ``t`` is ``y``,
+        ``residual`` is ``dy`` and ``f`` returns ``dx`` from :attr:`aten_grad`."""
         F = torch.nn.functional
         eps = self.eps
         if self.family == "softmax":
             if self.log:
                 return lambda t, w, b, r, dim: torch.log_softmax(t, dim)
             return lambda t, w, b, r, dim: torch.softmax(t, dim)
+        if self.family == "softmax_grad":
+            # What autograd runs for (log_)softmax. input_dtype = y's dtype: the forward's input
+            # had y's dtype (no half-to-float upcast), so dx comes out in y's dtype, as cunorm's.
+            aten = getattr(torch.ops.aten, self.aten_grad)
+            return lambda t, w, b, r, dim: aten(r, t, dim, t.dtype)
         if self.rms:
 
             def norm(t: Any, w: Any, b: Any) -> Any:
@@ -201,15 +233,25 @@ class OpSpec:
     def jax_fn(self, jax: Any, axis: int) -> Callable[[Any, Any, Any, Any], Any]:
         """``f(x, weight, bias, residual)`` in JAX, to be wrapped in ``jax.jit``.
 
-        The norms are written out in ``jnp`` (JAX has no fused norm op), computing in float32
-        for 16-bit inputs as the other implementations do. ``residual`` is None except for
-        residual ops, where ``f`` returns ``(norm(x + residual), x + residual)``.
+        The norms and the softmax gradients are written out in ``jnp`` (JAX has no fused op
+        for them), computing in float32 for 16-bit inputs as the other implementations do.
+        ``residual`` is None except for residual ops, where ``f`` returns
+        ``(norm(x + residual), x + residual)``, and the softmax gradients, where ``x`` is ``y``,
+        ``residual`` is ``dy`` and ``f`` returns ``dx``.
         """
         jnp = jax.numpy
         eps = self.eps
         if self.family == "softmax":
             f = jax.nn.log_softmax if self.log else jax.nn.softmax
             return lambda x, w, b, r: f(x, axis=axis)
+        if self.family == "softmax_grad":
+            log = self.log
+
+            def grad(y: Any, w: Any, b: Any, dy: Any) -> Any:
+                ct = jnp.promote_types(y.dtype, jnp.float32)
+                return softmax_grad(jnp, y.astype(ct), dy.astype(ct), log, axis).astype(y.dtype)
+
+            return grad
 
         def norm(x: Any, w: Any, b: Any) -> Any:
             ct = jnp.promote_types(x.dtype, jnp.float32)
@@ -235,19 +277,19 @@ class OpSpec:
         return lambda x, w, b, r: norm(x, w, b)
 
     # -- checking -------------------------------------------------------------------------------
-    def reference(self, xp: Any, x2d: Any, w: Any = None, b: Any = None) -> Any:
+    def reference(self, xp: Any, x2d: Any, w: Any = None, b: Any = None, r2d: Any = None) -> Any:
         """Float64 result over the last axis of a 2-D ``x2d`` (NumPy or CuPy, any float dtype).
 
         For a residual op, ``x2d`` is the normalized input ``h`` (see :func:`residual_sum`) and
-        the result is ``y``; ``h`` itself is checked for exact equality, not here.
+        the result is ``y``; ``h`` itself is checked for exact equality, not here. For the
+        softmax_grad family, ``x2d`` is ``y`` and ``r2d`` is ``dy`` (the rounded arrays the
+        implementations read) and the result is ``dx``; the other ops ignore ``r2d``.
         """
         x = x2d.astype(xp.float64)
         if self.family == "softmax":
-            s = x - x.max(axis=-1, keepdims=True)
-            if self.log:
-                return s - xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
-            e = xp.exp(s)
-            return e / e.sum(axis=-1, keepdims=True)
+            return softmax_f64(xp, x, self.log)
+        if self.family == "softmax_grad":
+            return softmax_grad(xp, x, r2d.astype(xp.float64), self.log, -1)
         if self.rms:
             y = x / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)
         else:
@@ -259,14 +301,39 @@ class OpSpec:
             y = y + b.astype(xp.float64)
         return y
 
+    def forward_reference(self, xp: Any, x2d: Any) -> Any:
+        """Softmax_grad family: float64 (log_)softmax over the last axis of ``x2d``, the
+        forward output whose gradient is benchmarked (the caller rounds it to the case's dtype
+        and hands it to every implementation as ``y``)."""
+        return softmax_f64(xp, x2d.astype(xp.float64), self.log)
+
     def moved_bytes(self, size: int, itemsize: int) -> int:
         """Bytes that must move: each of the op's :attr:`arrays_moved` full-size arrays once
-        (input read and output written; for a residual op also ``r`` read and ``h`` written).
+        (input read and output written; for a residual op also ``r`` read and ``h`` written;
+        for a softmax gradient ``y`` and ``dy`` read and ``dx`` written).
 
         Norm weights, biases and statistics are O(cols) or O(rows), negligible next to
         ``rows * cols``, and are left out so every op is measured on the same scale.
         """
         return self.arrays_moved * size * itemsize
+
+
+def softmax_f64(xp: Any, x: Any, log: bool) -> Any:
+    """(log_)softmax over the last axis of a float64 array ``x`` (NumPy or CuPy), max-shifted."""
+    s = x - x.max(axis=-1, keepdims=True)
+    if log:
+        return s - xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
+    e = xp.exp(s)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_grad(xp: Any, y: Any, dy: Any, log: bool, axis: int) -> Any:
+    """``dx`` of (log_)softmax over ``axis`` from its output ``y`` and ``dy``, in the dtype they
+    share (``xp``: NumPy, CuPy or ``jax.numpy``): ``y * (dy - sum(y * dy))`` for softmax,
+    ``dy - exp(y) * sum(dy)`` for log_softmax."""
+    if log:
+        return dy - xp.exp(y) * dy.sum(axis=axis, keepdims=True)
+    return y * (dy - (y * dy).sum(axis=axis, keepdims=True))
 
 
 def residual_sum(x: Any, r: Any) -> Any:
@@ -331,6 +398,15 @@ OPS: dict[str, OpSpec] = {
         params=("weight",),
         eps=1e-6,
         arrays_moved=4,
+    ),
+    # Backward of softmax / log_softmax: dx from y (a real forward output) and dy; 3 arrays move.
+    # No extra layouts: over a non-last axis cunorm's backward first copies y and dy to move the
+    # axis last, so such a table would time those copies rather than the kernel.
+    "softmax_backward": OpSpec(
+        "softmax_backward", "softmax_backward", "softmax_grad", arrays_moved=3
+    ),
+    "log_softmax_backward": OpSpec(
+        "log_softmax_backward", "log_softmax_backward", "softmax_grad", log=True, arrays_moved=3
     ),
     # Not row-wise: its own sweep (FlashAttention convention, decoding, peak memory), peers
     # (torch SDPA backends, JAX) and reports, in cunorm.bench.attention.

@@ -78,7 +78,9 @@ def import_torch_cuda() -> Any:
 class TorchEager(Peer):
     """PyTorch eager: ``torch.softmax``, ``torch.log_softmax``, ``F.layer_norm``,
     ``F.rms_norm`` (with weight, and bias for layer_norm); for the residual norms
-    ``h = t + r`` then the norm of ``h``, returning ``(y, h)`` (two kernels)."""
+    ``h = t + r`` then the norm of ``h``, returning ``(y, h)`` (two kernels); for the softmax
+    gradients ``torch.ops.aten._softmax_backward_data(dy, y, dim, y.dtype)`` (or
+    ``_log_softmax_backward_data``), what autograd runs."""
 
     name = "torch"
 
@@ -97,7 +99,8 @@ class TorchCompile(Peer):
 
     One compiled function per (op, dtype); Dynamo recompiles it for each new shape, which the
     first, untimed call of each case pays. For the residual norms Inductor fuses the add into
-    the norm kernel (one pass writing y and h), which makes it the strongest peer there.
+    the norm kernel (one pass writing y and h), which makes it the strongest peer there; for
+    the softmax gradients it generates one fused Triton kernel from the aten op's decomposition.
     """
 
     name = "torch.compile"
@@ -132,7 +135,8 @@ class TorchCompile(Peer):
 
 
 class Cupyx(Peer):
-    """``cupyx.scipy.special.softmax`` / ``log_softmax`` (float16/float32/float64 only)."""
+    """``cupyx.scipy.special.softmax`` / ``log_softmax`` (float16/float32/float64 only); no
+    norms and no gradients."""
 
     name = "cupyx"
 
@@ -142,6 +146,10 @@ class Cupyx(Peer):
         self.special = special
 
     def build(self, case: Case) -> Callable[[], Any]:
+        if case.op.family == "softmax_grad":
+            raise PeerUnavailable(
+                f"cupyx.scipy.special has no softmax gradient; {case.op.name} not timed"
+            )
         if case.op.family != "softmax":
             raise PeerUnavailable(f"cupyx.scipy.special has no {case.op.name}")
         if case.dtype == "bfloat16":
@@ -155,9 +163,9 @@ class Cupyx(Peer):
 
 
 class Jax(Peer):
-    """``jax.jit`` of ``jax.nn.softmax`` / ``log_softmax`` and of norms written in ``jnp``
-    (with the residual add in the same jitted function for the residual norms), timed with
-    wall clock around ``block_until_ready()`` (includes dispatch)."""
+    """``jax.jit`` of ``jax.nn.softmax`` / ``log_softmax`` and of norms and softmax gradients
+    written in ``jnp`` (with the residual add in the same jitted function for the residual
+    norms), timed with wall clock around ``block_until_ready()`` (includes dispatch)."""
 
     name = "jax"
     wall_clock = True
@@ -178,7 +186,8 @@ class Jax(Peer):
 
 
 class Triton(Peer):
-    """The minimal one-row-per-program Triton kernels of :mod:`cunorm.bench.triton_kernels`."""
+    """The minimal one-row-per-program Triton kernels of :mod:`cunorm.bench.triton_kernels`
+    (forward softmax and norms only)."""
 
     name = "triton"
 
@@ -190,6 +199,11 @@ class Triton(Peer):
 
     def build(self, case: Case) -> Callable[[], Any]:
         k, op = self.k, case.op
+        if op.family == "softmax_grad":
+            # torch.compile's column is the Triton kernel for these (Inductor writes one).
+            raise PeerUnavailable(
+                f"the minimal Triton kernels are forward only (no backward); {op.name} not timed"
+            )
         if op.family not in ("softmax", "norm"):
             raise PeerUnavailable(f"no Triton kernel for {op.name}")
         if case.dtype not in k.DTYPES:

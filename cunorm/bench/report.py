@@ -301,6 +301,8 @@ def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
     arrays = spec.arrays_moved if spec is not None else 2
     usage = spec.usage if spec is not None else f"`cunorm.{op}(x, ...)`"
     residual = spec is not None and spec.residual
+    inputs = "random normal data"
+    cupyx = "cupyx: `cupyx.scipy.special` (float16/float32)"
     if residual:
         moved = (
             f"{arrays}·rows·cols·itemsize / time (x and the residual r read, y and h = x + r "
@@ -315,6 +317,29 @@ def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
             " For this op y is checked so against the norm of h_ref = x + r rounded to x's "
             "dtype, and h must equal h_ref in every element."
         )
+    elif spec is not None and spec.family == "softmax_grad":
+        formula = "dx = dy − exp(y)·Σdy" if spec.log else "dx = y·(dy − Σ y·dy)"
+        moved = (
+            f"{arrays}·rows·cols·itemsize / time (y and dy read, dx written: three full-size "
+            f"arrays). torch eager runs `torch.ops.aten.{spec.aten_grad}(dy, y, dim, y.dtype)` "
+            "(what autograd runs), torch.compile the same function compiled (Inductor generates "
+            f"one fused Triton kernel), JAX the formula {formula} in jnp (float32 for 16-bit "
+            "inputs)"
+        )
+        forward = "log_softmax" if spec.log else "softmax"
+        inputs = (
+            f"y = {forward} of random normal data (computed in float64, rounded to the dtype) "
+            "and a random normal dy,"
+        )
+        triton = (
+            "triton: not timed (the minimal kernels are forward only; torch.compile's column "
+            "is Inductor's Triton kernel)"
+        )
+        cupyx = "cupyx: not timed (cupyx.scipy.special has no softmax gradient)"
+        guard = (
+            f" For this op the float64 reference is {formula} (sums over the row) on the same "
+            "rounded y and dy the implementations read."
+        )
     else:
         moved = (
             f"{arrays}·rows·cols·itemsize / time (norm weights, biases and statistics are "
@@ -326,14 +351,14 @@ def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
         guard = ""
     return (
         f"GB/s = (bytes read + bytes written) / time = {moved}. Every "
-        "implementation in a cell reads the same device buffers: random normal data created "
+        f"implementation in a cell reads the same device buffers: {inputs} created "
         "once with CuPy and shared with PyTorch and JAX through DLPack. GPU times: "
         f"{meta['timer']}. cunorm is timed the way a user calls it ({usage}), "
         "output allocation included (from CuPy's memory pool), like torch eager, "
         "torch.compile and the Triton peer. torch.compile: `torch.compile(f, dynamic=False)`, "
         "recompiled per shape and warmed before timing. JAX: `jax.jit`, wall clock around "
         "`block_until_ready()` after an L2 flush, so it includes dispatch (indicative only). "
-        f"{triton}. cupyx: `cupyx.scipy.special` (float16/float32). Copy bandwidth: "
+        f"{triton}. {cupyx}. Copy bandwidth: "
         "device-to-device `cudaMemcpyAsync` of a 1 GiB buffer in the same run, counted as "
         "2 × bytes. Correctness guard: before timing, every output is compared with torch "
         "eager's on the same input (max |diff| over a row divided by the row's max |ref|; "

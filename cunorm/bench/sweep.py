@@ -459,7 +459,10 @@ def run_numpy(
     """Time ``op``'s NumPy path (float32) and check it against the float64 formula.
 
     For a residual op the output must be ``(y, h)``: ``h`` equal to ``x + r`` rounded to
-    float32 in every element, ``y`` within tolerance of the norm of that ``h``.
+    float32 in every element, ``y`` within tolerance of the norm of that ``h``. For a softmax
+    gradient the inputs are ``y`` (the float64 forward of random normal data, rounded to
+    float32) and a random normal ``dy``, and ``dx`` is checked against the float64 formula on
+    those same float32 arrays.
     """
     from .ops import TOLERANCE, residual_sum
 
@@ -468,9 +471,11 @@ def run_numpy(
     for cols in cols_list:
         rows = numpy_rows_for(cols)
         x = rng.standard_normal((rows, cols), dtype=np.float32)
+        if op.family == "softmax_grad":  # y: a real forward output, as on the GPU
+            x = op.forward_reference(np, x).astype(np.float32)
         w = rng.standard_normal(cols, dtype=np.float32) if "weight" in op.params else None
         b = rng.standard_normal(cols, dtype=np.float32) if "bias" in op.params else None
-        r = rng.standard_normal((rows, cols), dtype=np.float32) if op.residual else None
+        r = rng.standard_normal((rows, cols), dtype=np.float32) if op.second_input else None
         row: dict[str, Any] = {
             "op": op.name,
             "dtype": "float32",
@@ -485,7 +490,7 @@ def run_numpy(
         try:
             out = op.call(fn, x, w, b, -1, r)
             h_bad = 0
-            if r is None:
+            if not op.residual:
                 y = out
             else:
                 if not isinstance(out, tuple) or len(out) != 2:
@@ -497,7 +502,7 @@ def run_numpy(
                 h_bad = int(np.count_nonzero(h != h_ref))
             if not isinstance(y, np.ndarray):
                 raise TypeError(f"NumPy input returned {type(y).__name__}, expected ndarray")
-            ref = op.reference(np, x if r is None else residual_sum(x, r), w, b)
+            ref = op.reference(np, residual_sum(x, r) if op.residual else x, w, b, r)
             err = np.abs(y.astype(np.float64) - ref).max(axis=-1)
             err = np.nan_to_num(err / np.maximum(np.abs(ref).max(axis=-1), 1e-300), nan=np.inf)
             row["err"] = float(err.max())
