@@ -18,6 +18,12 @@ namespace cunorm {
 // float, a row of two columns with y = (0.999, 0.001) has dy_0 - s = 0.001 (dy_0 - dy_1) off
 // by half an ulp of s, 3e-5 of the result (torch computes so); in double, the result is off
 // by its last rounding alone. 16-bit inputs work in float, float64 in double.
+// log_softmax's exp(y) near 1 cancels against dy where dy is (close to) one-hot, as under a
+// cross-entropy loss with a confident prediction: dx_t = p_t - 1. There exp(y) off by its
+// rounding (1e-7 of 1 in float) is 1e-2 of a result of 1e-5 (torch computes so). The largest
+// y of a pack, where it lies in (-0.7, 0.7) (p > 1/2: one element a row, or two at 1/2), takes
+// dx = (dy - s) - expm1(y) s instead, whose expm1 keeps its relative accuracy; the others
+// keep exp(y), at most 1/2 (two near 1/2 cancel nothing).
 template <typename T, bool LOG> struct SoftmaxGrad {
   typedef typename ComputeOf<T>::type C;
   typedef typename AccFor<C, T>::type A;
@@ -28,6 +34,16 @@ template <typename T, bool LOG> struct SoftmaxGrad {
     if (LOG) return static_cast<C>(fma(-static_cast<A>(ExpFor<C, T>::exp(y)), s, static_cast<A>(dy)));
     return static_cast<C>(static_cast<A>(y) * (static_cast<A>(dy) - s));
   }
+  // Whether dx_near_one() takes over from dx(): |y| < 0.7 (y >= 0.7 is no log-probability,
+  // and exp(y) >= 2 cancels nothing); never for softmax; NaN y stays with dx().
+  static __device__ __forceinline__ bool near_one(C y) {
+    return LOG && y > C(-0.7) && y < C(0.7);
+  }
+  static __device__ __forceinline__ C dx_near_one(C y, C dy, A s) {
+    return static_cast<C>(fma(-static_cast<A>(expm1_near0(y)), s, static_cast<A>(dy) - s));
+  }
+  static __device__ __forceinline__ float expm1_near0(float y) { return Math<float>::expm1(y); }
+  static __device__ __forceinline__ double expm1_near0(double y) { return expm1_f64_near0(y); }
 };
 
 // The row sum in every thread of the row's group.
@@ -123,9 +139,28 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
     };
     const auto write = [&](A s) {
       return [s, dxr](i64 j, const C* a, const C* b) {
+        C d[PACK];
+        int top = 0;  // the pack's largest y (selects: one expm1 a pack, few registers)
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) {
+          d[i] = G::dx(a[i], b[i], s);
+          if (i > 0 && a[i] > a[top]) top = i;
+        }
+        C y_top = a[0], dy_top = b[0];
+#pragma unroll
+        for (int i = 1; i < PACK; ++i) {
+          if (i == top) y_top = a[i], dy_top = b[i];
+        }
+        if (G::near_one(y_top)) {  // rare: a branch off the common path
+          const C d_top = G::dx_near_one(y_top, dy_top, s);
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) {
+            if (i == top) d[i] = d_top;
+          }
+        }
         Pack<T, PACK> o;
 #pragma unroll
-        for (int i = 0; i < PACK; ++i) o.v[i] = from_compute<T>(G::dx(a[i], b[i], s));
+        for (int i = 0; i < PACK; ++i) o.v[i] = from_compute<T>(d[i]);
         store_pack<T, PACK>(dxr + j * PACK, o);
       };
     };

@@ -129,14 +129,16 @@ def _normalize_axes_cached(axes: tuple[int, ...], ndim: int, fname: str) -> tupl
     return tuple(sorted(out))
 
 
-def normalize_axes(axis: object, ndim: int, fname: str) -> tuple[int, ...]:
-    """Sorted non-negative axes; ``TypeError`` / ``ValueError`` naming ``axis`` otherwise.
+def normalize_axes(axis: object, ndim: int, fname: str, argname: str = "x") -> tuple[int, ...]:
+    """Sorted non-negative axes; ``TypeError`` / ``ValueError`` naming ``axis`` otherwise (a
+    0-d array: naming the array argument ``argname``).
 
     Types are checked before the memo: ``True`` and ``1.0`` hash like ``1`` and must not
     share its cache entry.
     """
     if ndim == 0:
-        raise ValueError(f"{fname}(): x must have at least one dimension, got a 0-d array")
+        raise ValueError(f"{fname}(): {argname} must have at least one dimension, got a 0-d "
+                         "array")
     items = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     if not items:
         raise ValueError(f"{fname}(): axis must name at least one axis, got ()")

@@ -150,7 +150,7 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     name = grad_kernel(op, dtype, pack, bound, group, packs, path != "uncached")
     per_sm = max(1, occ(name, block, 0))
     row_blocks = _cdiv(rows, block // group if group else 1)
-    grid = min(row_blocks, props.sm_count * per_sm * GRAD_WAVES, MAX_GRID)
+    grid = max(1, min(row_blocks, props.sm_count * per_sm * GRAD_WAVES, MAX_GRID))
     return LaunchPlan(path, name, grid, block, 0)
 
 

@@ -81,6 +81,11 @@ def _grad(y, dy, axis, out, log: bool, fname: str):
     if kind == "numpy":
         return _grad_numpy(y, dy, axis, out, log, fname)
     with _array.framework_stream(y, kind, fname, "y"):
+        if kind == "torch":
+            for name, arr in (("dy", dy), ("out", out)):
+                if arr is not None and not arr.is_cuda:
+                    raise TypeError(f"{fname}(): {name} is a CPU torch.Tensor but y is a CUDA "
+                                    "tensor; pass every array on y's device")
         yc = _array.to_cupy(y, kind, fname, "y")
         dyc = _array.to_cupy(dy, kind, fname, "dy")
         outc = None
@@ -98,9 +103,14 @@ def _check(y, dy, axis, out, kind: str, fname: str) -> tuple[str, tuple[int, ...
     if tuple(dy.shape) != tuple(y.shape):
         raise ValueError(f"{fname}(): dy has shape {tuple(dy.shape)}; expected "
                          f"{tuple(y.shape)} (the shape of y)")
-    axes = _array.normalize_axes(axis, y.ndim, fname)
+    axes = _array.normalize_axes(axis, y.ndim, fname, "y")
     if out is not None:
         _array.check_out(out, kind, tuple(y.shape), name, fname, "y")
+        for n, stride in zip(out.shape, out.strides, strict=True):  # (NumPy / CuPy arrays)
+            if n > 1 and stride == 0:
+                raise ValueError(f"{fname}(): out is a broadcast view (a stride of 0 on an "
+                                 "axis longer than 1): its elements would be written more "
+                                 "than once")
     return name, axes
 
 
@@ -205,7 +215,11 @@ def _grad_numpy(y, dy, axis, out, log: bool, fname: str):
     with np.errstate(invalid="ignore", over="ignore"):
         yf, dyf = y.astype(np.float64), dy.astype(np.float64)
         if log:
-            dx = dyf - np.exp(yf) * dyf.sum(axis=axes, keepdims=True)
+            # exp(y) near 1 cancels against a one-hot dy: there (dy - s) - expm1(y) s, as the
+            # kernels compute (cuda_src/grad.cu SoftmaxGrad)
+            s = dyf.sum(axis=axes, keepdims=True)
+            near_one = np.abs(yf) < 0.7
+            dx = np.where(near_one, (dyf - s) - np.expm1(yf) * s, dyf - np.exp(yf) * s)
         else:
             dx = yf * (dyf - (yf * dyf).sum(axis=axes, keepdims=True))
     if out is None:

@@ -114,6 +114,40 @@ def test_bad_inputs(op):
         bwd(y, y, out=np.zeros((2, 3), np.float32))
     with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
         bwd(y, y, out=[0.0])
+    with pytest.raises(ValueError, match="out is a broadcast view"):
+        bwd(y, y, out=np.broadcast_to(np.zeros(3), (2, 3)))
+    with pytest.raises(ValueError, match="y must have at least one dimension"):
+        bwd(np.array(1.0), np.array(1.0))
+
+
+def long_double_log_softmax_grad(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """log_softmax's gradient over the last axis in ``long double`` from the rounded y and
+    dy: ``dy - exp(y) s`` (``s = sum(dy)``), as ``(dy - s) - expm1(y) s`` where exp(y) is
+    near 1. A ``long double`` exp(y) near 1 keeps 1e-19 of it: 1e-8 of a result of 1e-11."""
+    yl, dl = y.astype(np.longdouble), dy.astype(np.longdouble)
+    s = dl.sum(-1, keepdims=True)
+    near_one = (dl - s) - np.expm1(yl) * s
+    return np.where(yl > -0.7, near_one, dl - np.exp(yl) * s).astype(np.float64)
+
+
+def test_numpy_log_softmax_backward_of_a_confident_prediction():
+    """dx_t = p_t - 1 with p_t near 1 (cross-entropy, a confident prediction): exp(y) would
+    lose it to cancellation in float64 too; the NumPy path takes expm1 there, as the kernels
+    do. Against a ``long double`` reference from the same y and dy."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 50))
+    x[:, 3] += 30  # 1 - p_t ~ 1e-12
+    y = cunorm.log_softmax(x)
+    # y_t as a float64 forward leaves it is -log(s) of a float64 s, whose exp(y) comes out
+    # exact: any other y_t near 0 shows the cancellation
+    y[:, 3] = -rng.uniform(1e-12, 1e-11, 8)
+    dy = np.zeros_like(x)
+    dy[:, 3] = -1
+    ref = long_double_log_softmax_grad(y, dy)
+    err = np.abs(cunorm.log_softmax_backward(y, dy) - ref).max(-1) / np.abs(ref).max(-1)
+    assert err.max() <= 1e-12
+    plain = dy - np.exp(y) * dy.sum(-1, keepdims=True)  # the formula as written
+    assert (np.abs(plain - ref).max(-1) / np.abs(ref).max(-1)).max() > 1e-6
 
 
 # --- the planner --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _gpu import DTYPES, GPU_MARKS, TOL, cupy, poisoned_allocations, row_errors, spy_launches
+from test_cpu_softmax_grad import long_double_log_softmax_grad
 
 import cunorm
 from cunorm import _dispatch, _grad_dispatch, softmax_grad
@@ -19,9 +20,9 @@ OPS = {"softmax_backward": (cunorm.softmax, cunorm.softmax_backward),
 # Every regime edge of the planner: lane groups, pack multiples +-1, the warp path's last row
 # (1024 16-bit / 512 float32 / 256 float64 columns), block sizes, the block path's last row
 # (32768 / 16384 / 8192), 2^16 + 1.
-BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 255, 256, 257, 511, 512, 513, 1000, 1023, 1024,
-                 1025, 2047, 2048, 2049, 4095, 4096, 8192, 8193, 16384, 16385, 32768, 32769,
-                 65537]
+BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 255, 256, 257, 258, 260, 511, 512, 513, 516, 520,
+                 1000, 1023, 1024, 1025, 1032, 2047, 2048, 2049, 4095, 4096, 8192, 8193, 8196,
+                 16384, 16385, 16388, 32768, 32769, 65537]
 
 
 def reference(y: np.ndarray, dy: np.ndarray, axis, log: bool) -> np.ndarray:
@@ -112,18 +113,35 @@ def test_layouts_and_axes(op, dtype):
 
 
 @pytest.mark.parametrize("op", list(OPS))
-def test_in_place_and_overlap(op):
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_in_place_and_overlap(op, dtype):
     log = op.startswith("log")
     bwd = OPS[op][1]
-    for cols in (100, 5000, 40000):  # warp, block, uncached
-        y, dy, yh, dyh = inputs((9, cols), np.float32, log, seed=cols)
+    for cols in (100, 5000, 70000):  # warp, block, uncached
+        y, dy, yh, dyh = inputs((9, cols), dtype, log, seed=cols)
         ref = reference(yh, dyh, -1, log)
         d2 = dy.copy()
         assert bwd(y, d2, out=d2) is d2  # dx over dy
-        assert row_errors(d2, ref).max() <= TOL["float32"]
+        assert row_errors(d2, ref).max() <= TOL[dtype.name]
         y2 = y.copy()
         assert bwd(y2, dy, out=y2) is y2  # dx over y
-        assert row_errors(y2, ref).max() <= TOL["float32"]
+        assert row_errors(y2, ref).max() <= TOL[dtype.name]
+    # grids that loop over their rows: GRAD_WAVES = 0 leaves one block, on every path
+    y, dy, yh, dyh = inputs((203, 64), dtype, log, seed=9)
+    ref = reference(yh, dyh, -1, log)
+    waves = _grad_dispatch.GRAD_WAVES
+    try:
+        _grad_dispatch.GRAD_WAVES = 0
+        for path in _grad_dispatch.GRAD_PATHS:
+            softmax_grad._PLANS.clear()
+            with _dispatch.force_path(path):
+                dx = bwd(y, dy)
+            (plan, _), = softmax_grad._PLANS.values()
+            assert plan.grid == 1 and plan.path == path
+            assert row_errors(dx, ref).max() <= TOL[dtype.name], path
+    finally:
+        _grad_dispatch.GRAD_WAVES = waves
+        softmax_grad._PLANS.clear()
     # out overlapping dy shifted by one element: computed in a temporary, then copied
     buf = cupy.asarray(np.random.default_rng(6).standard_normal(8 * 64 + 1).astype(np.float32))
     dyv, outv = buf[:-1].reshape(8, 64), buf[1:].reshape(8, 64)
@@ -153,6 +171,34 @@ def test_special_values_and_empty(op):
         assert bwd(e, e).shape == shape
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("margin", [4.0, 8.0, 12.0])
+@pytest.mark.parametrize("cols", [1000, 40000])
+def test_log_softmax_backward_of_a_confident_prediction(dtype, margin, cols):
+    """Cross-entropy's gradient where the prediction is confident: one logit a row ahead by
+    ``2 * margin``, dy minus one-hot there, so dx_t = p_t - 1 cancels (exp(y_t) near 1; torch's
+    float kernels lose it: 1e-1 of the result at 1 - p = 1.5e-6). Every path, against a
+    ``long double`` reference from the same rounded y and dy. float16 stops at margin 8: past
+    it 1 - p and the other entries fall below its smallest normal, and their outputs hold no
+    2e-3."""
+    if dtype == np.float16 and margin > 8:
+        pytest.skip("float16 outputs of 1 - p < 6e-5 are subnormal (no 2e-3 bound holds)")
+    rng = np.random.default_rng(int(margin) + cols)
+    x = rng.standard_normal((16, cols))
+    x[:, 5] += 2 * margin
+    y = cunorm.log_softmax(cupy.asarray(x.astype(dtype)))
+    dyh = np.zeros((16, cols), dtype)
+    dyh[:, 5] = -1
+    ref = long_double_log_softmax_grad(cupy.asnumpy(y), dyh)
+    for path in (None, *_grad_dispatch.GRAD_PATHS):
+        if path is not None and not fits(path, cols, dtype):
+            continue
+        with _dispatch.force_path(path):
+            dx = cunorm.log_softmax_backward(y, cupy.asarray(dyh))
+        err = row_errors(dx, ref).max()
+        assert err <= TOL[dtype.name], f"path {path}: error {err:.3g} > {TOL[dtype.name]}"
+
+
 def test_bad_gpu_inputs():
     y = cupy.zeros((2, 3), np.float32)
     with pytest.raises(TypeError, match=r"dy is a numpy array but y is a cupy array"):
@@ -161,10 +207,18 @@ def test_bad_gpu_inputs():
         cunorm.softmax_backward(y, y.astype(np.float16))
     with pytest.raises(ValueError, match="dy has shape"):
         cunorm.log_softmax_backward(y, y[:1])
-    out = cupy.full((2, 3), 7.0, np.float32)
     with pytest.raises(TypeError, match="out has dtype float64"):
-        cunorm.softmax_backward(y, y, out=out.astype(np.float64))
-    assert float(out.min()) == 7.0  # untouched
+        cunorm.softmax_backward(y, y, out=cupy.zeros((2, 3), np.float64))
+    # a valid out beside a bad argument is left as it was
+    out = cupy.full((2, 3), 7.0, np.float32)
+    for bad in (y.astype(np.float16), y[:1], cupy.zeros((3, 2), np.float32)):
+        with pytest.raises((TypeError, ValueError)):
+            cunorm.softmax_backward(y, bad, out=out)
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        cunorm.log_softmax_backward(y, y, axis=2, out=out)
+    with pytest.raises(ValueError, match="out is a broadcast view"):
+        cunorm.softmax_backward(y, y, out=cupy.broadcast_to(cupy.zeros(3, np.float32), (2, 3)))
+    assert float(out.min()) == float(out.max()) == 7.0
 
 
 # --- frameworks -------------------------------------------------------------------------
