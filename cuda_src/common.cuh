@@ -185,10 +185,10 @@ __device__ __forceinline__ double log_f64(double x) {
              fma(static_cast<double>(e), 1.90821492927058770002e-10, 2.0 * t * p));
 }
 
-// expm1 for double, free of out-of-line calls as exp_f64 (the library's call spilled a
-// 64-register kernel). expm1_f64_near0 takes |x| < 0.7: the Taylor series to x^17 (truncation
-// below 1e-17; within 3 ulps on 3e5 samples against long double); further out exp_f64(x) - 1
-// cancels nothing.
+// expm1 for |x| < 0.7 in double, free of out-of-line calls as exp_f64 (the library's expm1
+// call spilled a 64-register kernel): the Taylor series to x^17 (truncation below 1e-17;
+// within 3 ulps on 3e5 samples against long double). Further out exp_f64(x) - 1 cancels
+// nothing.
 __device__ __forceinline__ double expm1_f64_near0(double x) {
   double p = 1.0 / 355687428096000.0;  // 1/17!
   double f = 355687428096000.0;
@@ -199,13 +199,9 @@ __device__ __forceinline__ double expm1_f64_near0(double x) {
   }
   return p * x;
 }
-__device__ __forceinline__ double expm1_f64(double x) {
-  return fabs(x) < 0.7 ? expm1_f64_near0(x) : exp_f64(x) - 1.0;
-}
 
 template <> struct Math<double> {
   static __device__ __forceinline__ double exp(double x) { return exp_f64(x); }
-  static __device__ __forceinline__ double expm1(double x) { return expm1_f64(x); }
   static __device__ __forceinline__ double log(double x) { return log_f64(x); }
   static __device__ __forceinline__ double rsqrt(double x) { return ::rsqrt(x); }
   static __device__ __forceinline__ double rcp(double x) { return rcp_f64(x); }

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
 #pragma unroll
         for (int i = 0; i < PACK; ++i) {
           d[i] = G::dx(a[i], b[i], s);
-          if (i > 0 && a[i] > a[top]) top = i;
+          if (i > 0 && (a[i] > a[top] || a[top] != a[top])) top = i;  // (past a NaN)
         }
         C y_top = a[0], dy_top = b[0];
 #pragma unroll

@@ -81,6 +81,8 @@ def _grad(y, dy, axis, out, log: bool, fname: str):
     if kind == "numpy":
         return _grad_numpy(y, dy, axis, out, log, fname)
     with _array.framework_stream(y, kind, fname, "y"):
+        if out is not None:
+            _array.check_kind(out, kind, fname, "out", "y")
         if kind == "torch":
             for name, arr in (("dy", dy), ("out", out)):
                 if arr is not None and not arr.is_cuda:

@@ -134,6 +134,8 @@ def test_numpy_log_softmax_backward_of_a_confident_prediction():
     """dx_t = p_t - 1 with p_t near 1 (cross-entropy, a confident prediction): exp(y) would
     lose it to cancellation in float64 too; the NumPy path takes expm1 there, as the kernels
     do. Against a ``long double`` reference from the same y and dy."""
+    if np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps:
+        pytest.skip("long double is double here: no reference wider than the path")
     rng = np.random.default_rng(3)
     x = rng.standard_normal((8, 50))
     x[:, 3] += 30  # 1 - p_t ~ 1e-12
