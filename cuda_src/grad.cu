@@ -42,8 +42,6 @@ template <typename T, bool LOG> struct SoftmaxGrad {
   static __device__ __forceinline__ C dx_near_one(C y, C dy, A s) {
     return static_cast<C>(fma(-static_cast<A>(expm1_near0(y)), s, static_cast<A>(dy) - s));
   }
-  static __device__ __forceinline__ float expm1_near0(float y) { return Math<float>::expm1(y); }
-  static __device__ __forceinline__ double expm1_near0(double y) { return expm1_f64_near0(y); }
 };
 
 // The row sum in every thread of the row's group.

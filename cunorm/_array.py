@@ -501,6 +501,13 @@ def memory_span(arr) -> tuple[int, int]:
     return lo, hi + arr.itemsize
 
 
+def spans_overlap(a, b) -> bool:
+    """Whether the byte spans of arrays ``a`` and ``b`` (:func:`memory_span`) share a byte."""
+    lo_a, hi_a = memory_span(a)
+    lo_b, hi_b = memory_span(b)
+    return lo_a < hi_b and lo_b < hi_a
+
+
 def stride_bits(strides: tuple[int, ...]) -> int:
     """The element strides of a launch folded for :func:`pack_alignment` (computed once per
     layout, the pointers being each call's)."""

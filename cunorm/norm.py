@@ -391,14 +391,12 @@ def _direct_out(out, k: int, x, ldx: int, residual, params=()):
     ld = _row_stride(out, k)
     if ld is None:
         return None
-    lo, hi = _array.memory_span(out)
     for src in (x, residual, *params):
         if src is None:
             continue
         if src is x and out.data.ptr == x.data.ptr and out.strides == x.strides and ld == ldx:
             continue
-        lo_s, hi_s = _array.memory_span(src)
-        if lo < hi_s and lo_s < hi:
+        if _array.spans_overlap(out, src):
             return None
     return out
 

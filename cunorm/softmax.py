@@ -223,11 +223,8 @@ def _softmax_cupy_checked(x, axis, dtype, out, log: bool, fname: str):
     if out is not None:
         ys = _array.element_strides(out)
         vy = _array.view3(out.shape, ys, *block) if ys is not None else None
-        if vy is not None and out.data.ptr != x.data.ptr:
-            lo_x, hi_x = _array.memory_span(x)
-            lo_y, hi_y = _array.memory_span(out)
-            if lo_x < hi_y and lo_y < hi_x:
-                vy = None  # partial overlap with x: not the same elements, use a temporary
+        if vy is not None and out.data.ptr != x.data.ptr and _array.spans_overlap(x, out):
+            vy = None  # partial overlap with x: not the same elements, use a temporary
         if vy is not None and out.data.ptr == x.data.ptr and vy != vx:
             vy = None  # same memory, other layout
     if vy is None:

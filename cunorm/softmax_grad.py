@@ -16,7 +16,8 @@ from ._device import device_props
 from ._driver_launch import POINTER, KernelLaunch
 from ._kernels import get_kernel, occupancy
 
-# (device, op, dtype, rows, cols, align, forced path) -> (LaunchPlan, its KernelLaunch)
+# (device, op, dtype, rows, cols, row strides, align, forced path)
+#   -> (LaunchPlan, its KernelLaunch, the bytes of its by-value arguments)
 _PLANS: dict[tuple, tuple] = BoundedCache()
 # y, dy, dx, then rows, cols and the three row strides by value
 _PARAMS = (POINTER, POINTER, POINTER, 8, 8, 8, 8, 8)
@@ -158,8 +159,8 @@ def _grad_cupy(y, dy, axis, out, log: bool, fname: str):
         strides = _array.element_strides(out)
         vdx = _array.view3(out.shape, strides, first, out.ndim) if strides else None
         for arr, view in ((y, vy), (dy, vdy)):
-            if vdx is not None and _overlap(out, arr) and (out.data.ptr != arr.data.ptr
-                                                           or vdx != view):
+            if vdx is not None and _array.spans_overlap(out, arr) and (
+                    out.data.ptr != arr.data.ptr or vdx != view):
                 vdx = None  # shares memory with an input other than element by element
     if vdx is None:
         dx = cupy.empty(y.shape, y.dtype)
@@ -174,12 +175,6 @@ def _grad_cupy(y, dy, axis, out, log: bool, fname: str):
     return dx
 
 
-def _overlap(a, b) -> bool:
-    lo_a, hi_a = _array.memory_span(a)
-    lo_b, hi_b = _array.memory_span(b)
-    return lo_a < hi_b and lo_b < hi_a
-
-
 def _launch(op: str, dtype: str, py: int, pdy: int, pdx: int, dev: int, vy: _array.View3,
             vdy: _array.View3, vdx: _array.View3, stream: int) -> None:
     """Launch ``op`` over the (rows, cols) views of y, dy and dx at these addresses."""
@@ -188,12 +183,15 @@ def _launch(op: str, dtype: str, py: int, pdy: int, pdx: int, dev: int, vy: _arr
     align = _array.pack_alignment(((py, itemsize), (pdy, itemsize), (pdx, itemsize)),
                                   _array.stride_bits(lds))
     forced = _dispatch.forced_path()
-    key = (dev, op, dtype, vy.outer, vy.dim, align, forced)
+    key = (dev, op, dtype, vy.outer, vy.dim, lds, align, forced)
     entry = _PLANS.get(key)
     if entry is None:
-        entry = _PLANS[key] = _make_plan(dev, op, dtype, vy.outer, vy.dim, align, forced)
-    values = tuple(np.int64(i).tobytes() for i in (vy.outer, vy.dim, *lds))
-    entry[1].fire(stream, (py, pdy, pdx), values)
+        # the argument bytes are made once a layout: the launch copies in only a tuple it
+        # does not hold already (KernelLaunch.fire)
+        values = tuple(np.int64(i).tobytes() for i in (vy.outer, vy.dim, *lds))
+        entry = _PLANS[key] = (*_make_plan(dev, op, dtype, vy.outer, vy.dim, align, forced),
+                               values)
+    entry[1].fire(stream, (py, pdy, pdx), entry[2])
 
 
 def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,

@@ -68,7 +68,7 @@ def test_paths_agree_at_boundaries(op, dtype, cols, monkeypatch):
             continue
         with poisoned_allocations(), _dispatch.force_path(path):
             dx = OPS[op][1](y, dy)
-        plans = [p for k, (p, _) in softmax_grad._PLANS.items()
+        plans = [p for k, (p, *_) in softmax_grad._PLANS.items()
                  if k[1:5] == (op, dtype.name, rows, cols) and k[-1] == path]
         assert len(plans) == 1 and (path is None or plans[0].path == path), plans
         assert "softmax_grad" in launched[-1][0], launched[-1]
@@ -136,7 +136,7 @@ def test_in_place_and_overlap(op, dtype):
             softmax_grad._PLANS.clear()
             with _dispatch.force_path(path):
                 dx = bwd(y, dy)
-            (plan, _), = softmax_grad._PLANS.values()
+            (plan, *_), = softmax_grad._PLANS.values()
             assert plan.grid == 1 and plan.path == path
             assert row_errors(dx, ref).max() <= TOL[dtype.name], path
     finally:
