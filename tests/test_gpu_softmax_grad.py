@@ -179,16 +179,20 @@ def test_log_softmax_backward_of_a_confident_prediction(dtype, margin, cols):
     ``2 * margin``, dy minus one-hot there, so dx_t = p_t - 1 cancels (exp(y_t) near 1; torch's
     float kernels lose it: 1e-1 of the result at 1 - p = 1.5e-6). Every path that holds the
     row (256 columns reach the warp path in every dtype), against a ``long double`` reference
-    from the same rounded y and dy. float16 runs where 1 - p stays a normal number (>= 2^-14):
-    below, dx_t itself is subnormal and holds no 2e-3."""
+    from the same rounded y and dy. float16 compares the rows where 1 - p stays a normal number
+    (>= 2^-14): below, dx_t itself is subnormal and holds no 2e-3."""
     rng = np.random.default_rng(int(margin) + cols)
     x = rng.standard_normal((16, cols))
     x[:, 5] += 2 * margin
     y = cunorm.log_softmax(cupy.asarray(x.astype(dtype)))
     yh = cupy.asnumpy(y)
-    one_minus_p = float(-np.expm1(yh[:, 5].astype(np.float64)).min())
-    if dtype == np.float16 and one_minus_p < 2.0**-14:
-        pytest.skip(f"float16: 1 - p = {one_minus_p:.2g} is subnormal (no 2e-3 bound holds)")
+    one_minus_p = -np.expm1(yh[:, 5].astype(np.float64))  # each row's
+    # (float16 rows where 1 - p is subnormal are left out of the comparison; a test taking
+    # `-expm1(y).min()`, the largest 1 - p, once kept a row of 1.4e-5: 2.2e-3 off by its
+    # output's rounding alone)
+    kept = one_minus_p >= 2.0**-14 if dtype == np.float16 else np.ones(16, bool)
+    if not kept.any():
+        pytest.skip(f"float16: 1 - p <= {one_minus_p.max():.2g} is subnormal in every row")
     dyh = np.zeros((16, cols), dtype)
     dyh[:, 5] = -1
     ref = long_double_log_softmax_grad(yh, dyh)
@@ -197,7 +201,7 @@ def test_log_softmax_backward_of_a_confident_prediction(dtype, margin, cols):
             continue
         with _dispatch.force_path(path):
             dx = cunorm.log_softmax_backward(y, cupy.asarray(dyh))
-        err = row_errors(dx, ref).max()
+        err = row_errors(dx, ref)[kept].max()
         assert err <= TOL[dtype.name], f"path {path}: error {err:.3g} > {TOL[dtype.name]}"
 
 
