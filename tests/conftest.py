@@ -18,6 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# JAX takes 75% of a GPU's memory when its backend starts unless told not to: a worker whose
+# test touched JAX then held 105 GB of an H200, and the other workers' tests ran out of
+# memory. Set before any test imports jax (some tests also set it, for when run alone).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 # Running ``pytest`` (not ``python -m pytest``) from a checkout without cunorm installed.
 _ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("cunorm") is None:
