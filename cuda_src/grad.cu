@@ -186,3 +186,243 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
 }
 
 }  // namespace cunorm
+
+// ---------------------------------------------------------------------------------------
+// Gradients of layer_norm and rms_norm over a (rows, cols) view, planned by
+// cunorm/_grad_dispatch.py (plan_norm_grad), from the forward's x, its statistics (mean and
+// rstd, return_stats=True) and dy:
+//   g = dy * weight (dy without a weight), xhat = (x - mean) * rstd (rms_norm: x * rstd)
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (rms_norm: no mean(g) term)
+//   dweight = sum over rows of dy * xhat, dbias = sum over rows of dy.
+// 16-bit rows work in float, float32 and float64 rows in double (AccFor: mean(g) and
+// mean(g * xhat) then carry no rounding worth counting, as the softmax gradients' sum).
+namespace cunorm {
+
+template <typename T, bool RMS> struct NormGrad {
+  typedef typename ComputeOf<T>::type C;  // the statistics' type
+  typedef typename AccFor<C, T>::type A;  // arithmetic and the column partials
+};
+
+// Sum of v over the GROUP threads of a row, in each of them: lanes of one warp (GROUP <= 32),
+// GROUP / 32 warps of a BLOCK-thread block under their own named barrier (GROUP > 32, at most
+// 8 rows a block: barriers 1-8 of 16), or the whole block (GROUP = 0). scratch: 33 values.
+template <int GROUP, int BLOCK, typename V>
+__device__ __forceinline__ V row_group_sum(V v, V* scratch) {
+  if constexpr (GROUP == 0) {
+    return block_all_reduce<SumOp<V>>(v, scratch);
+  } else if constexpr (GROUP <= 32) {
+    return group_all_reduce<SumOp<V>, GROUP>(v);
+  } else {
+    static_assert(GROUP % 32 == 0 && BLOCK % GROUP == 0 && BLOCK / GROUP <= 8, "row groups");
+    constexpr int WARPS = GROUP / 32;
+    const int slot = threadIdx.x / GROUP;
+    v = group_all_reduce<SumOp<V>, 32>(v);
+    V* mine = scratch + slot * WARPS;
+    if ((threadIdx.x & 31) == 0) mine[(threadIdx.x % GROUP) / 32] = v;
+    bar_sync(1 + slot, GROUP);
+    V r = mine[0];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) r += mine[w];  // the same order in every thread
+    bar_sync(1 + slot, GROUP);  // scratch free again
+    return r;
+  }
+}
+
+// A row is taken by GROUP threads (see row_group_sum), BLOCK / GROUP rows a block at a time
+// (GROUP = 0: one, blockDim.x threads, BLOCK the most). With HOLD a thread keeps its N packs
+// of x and dy in registers from the sums to the write (cols <= threads * N * PACK) and adds
+// dy * xhat and dy of its columns over every row it takes; at the end the block's rows' sums
+// go in a fixed order to its partial row: partial[blockIdx.x][cols] (dweight's terms) and
+// partial[gridDim.x + blockIdx.x][cols] (dbias's; layer_norm only), which norm_grad_cols
+// adds up. Blocks of several rows stage them in dynamic shared memory (rows * cols values).
+// Without HOLD a row is read twice (the sums, then the write) and nothing else is written;
+// norm_grad_cols takes the columns from x and dy then. Every pack is whole (PACK divides
+// cols). In place (dx = dy or dx = x) is safe as for softmax_grad.
+template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD>
+__global__ void __launch_bounds__(BLOCK) norm_grad_rows(
+    const T* dy, const T* x, const typename NormGrad<T, RMS>::C* mean,
+    const typename NormGrad<T, RMS>::C* rstd, const T* weight, T* dx,
+    typename NormGrad<T, RMS>::A* partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
+    i64 ld_dx) {
+  typedef typename NormGrad<T, RMS>::C C;
+  typedef typename NormGrad<T, RMS>::A A;
+  constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;
+  constexpr int WARP_ROWS = GROUP > 0 && GROUP < 32 ? 32 / GROUP : 1;
+  __shared__ Sum2<A> scratch[33];
+  const int group = GROUP > 0 ? GROUP : static_cast<int>(blockDim.x);
+  const int lane = threadIdx.x % group;
+  const int slot = threadIdx.x / group;
+  const i64 npacks = cols / PACK;
+  const A inv_cols = A(1) / static_cast<A>(cols);
+  const i64 step = static_cast<i64>(gridDim.x) * ROWS;
+  A col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
+  for (i64 base = static_cast<i64>(blockIdx.x) * ROWS; base < rows; base += step) {
+    // A warp (a row group past 32 lanes) leaves as a whole: once its first row is past the end.
+    if (base + (slot - slot % WARP_ROWS) >= rows) break;
+    const i64 row = base + slot;
+    const bool valid = row < rows;
+    const T* dyr = dy + row * ld_dy;
+    const T* xr = x + row * ld_x;
+    T* dxr = dx + row * ld_dx;
+    const A mu = RMS || !valid ? A(0) : static_cast<A>(mean[row]);
+    const A rs = valid ? static_cast<A>(rstd[row]) : A(0);
+    // f(u, pack index, x, dy, g in A) for the packs j = j0 + u * group, u < N, of the row
+    const auto packs = [&](i64 j0, const Pack<T, PACK>* px, const Pack<T, PACK>* pd,
+                           auto&& f) {
+#pragma unroll
+      for (int u = 0; u < N; ++u) {
+        const i64 j = j0 + static_cast<i64>(u) * group;
+        if (valid && j < npacks) {
+          C a[PACK], b[PACK], w[PACK];
+          pack_to_compute<C>(px[u], a);
+          pack_to_compute<C>(pd[u], b);
+          if (weight != nullptr) {
+            pack_to_compute<C>(load_pack<T, PACK>(weight + j * PACK), w);
+          }
+          A xh[PACK], g[PACK];
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) {
+            xh[i] = (static_cast<A>(a[i]) - mu) * rs;
+            g[i] = weight != nullptr ? static_cast<A>(b[i]) * static_cast<A>(w[i])
+                                     : static_cast<A>(b[i]);
+          }
+          f(u, j, b, xh, g);
+        }
+      }
+    };
+    const auto fetch = [&](i64 j0, Pack<T, PACK>* px, Pack<T, PACK>* pd) {
+#pragma unroll
+      for (int u = 0; u < N; ++u) {
+        const i64 j = j0 + static_cast<i64>(u) * group;
+        if (valid && j < npacks) {
+          px[u] = load_pack<T, PACK>(xr + j * PACK);
+          pd[u] = load_pack<T, PACK>(dyr + j * PACK);
+        }
+      }
+    };
+    Sum2<A> acc = {A(0), A(0)};  // sum of g, sum of g * xhat
+    const auto add = [&acc](int, i64, const C*, const A* xh, const A* g) {
+#pragma unroll
+      for (int i = 0; i < PACK; ++i) {
+        if (!RMS) acc.a += g[i];
+        acc.b += g[i] * xh[i];
+      }
+    };
+    const auto write = [&](Sum2<A> s, bool columns) {
+      const A mean_g = s.a * inv_cols, mean_gx = s.b * inv_cols;
+      return [&, mean_g, mean_gx, columns](int u, i64 j, const C* b, const A* xh, const A* g) {
+        Pack<T, PACK> o;
+#pragma unroll
+        for (int i = 0; i < PACK; ++i) {
+          o.v[i] = from_compute<T>(static_cast<C>(rs * (g[i] - mean_g - xh[i] * mean_gx)));
+          if (HOLD && columns) {
+            col_w[HOLD ? u : 0][i] += static_cast<A>(b[i]) * xh[i];
+            if (!RMS) col_b[HOLD && !RMS ? u : 0][i] += static_cast<A>(b[i]);
+          }
+        }
+        store_pack<T, PACK>(dxr + j * PACK, o);
+      };
+    };
+    if constexpr (HOLD) {
+      Pack<T, PACK> px[N], pd[N];
+      fetch(lane, px, pd);
+      packs(lane, px, pd, add);
+      const Sum2<A> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
+      packs(lane, px, pd, write(s, true));
+    } else {
+      for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
+        Pack<T, PACK> px[N], pd[N];
+        fetch(j0, px, pd);
+        packs(j0, px, pd, add);
+      }
+      const Sum2<A> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
+      for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
+        Pack<T, PACK> px[N], pd[N];
+        fetch(j0, px, pd);
+        packs(j0, px, pd, write(s, false));
+      }
+    }
+  }
+  if constexpr (HOLD) {
+    // The block's column sums, rows (slots) added in slot order, to its partial rows.
+    extern __shared__ __align__(16) unsigned char norm_grad_stage[];
+    A* stage = reinterpret_cast<A*>(norm_grad_stage);
+#pragma unroll
+    for (int which = 0; which < (RMS ? 1 : 2); ++which) {
+      A* dst = partial + (static_cast<i64>(which) * gridDim.x + blockIdx.x) * cols;
+      A* to = ROWS > 1 ? stage + slot * cols : dst;
+#pragma unroll
+      for (int u = 0; u < N; ++u) {
+        const i64 j = lane + static_cast<i64>(u) * group;
+        if (j < npacks) {
+#pragma unroll
+          for (int i = 0; i < PACK; ++i) {
+            to[j * PACK + i] = which == 0 ? col_w[u][i] : col_b[RMS ? 0 : u][i];
+          }
+        }
+      }
+      if constexpr (ROWS > 1) {
+        __syncthreads();
+        for (i64 c = threadIdx.x; c < cols; c += BLOCK) {
+          A t = stage[c];
+#pragma unroll 4
+          for (int r = 1; r < ROWS; ++r) t += stage[r * cols + c];
+          dst[c] = t;
+        }
+        __syncthreads();  // stage free for the next sums
+      }
+    }
+  }
+}
+
+// Column sums over ranges of rows, 32 columns a block by 32 rows at a time (blockDim (32,
+// 32)), each thread its own rows in order, then the 32 added in a fixed order. DIRECT: the
+// terms dy * xhat (and dy) from x, dy and the statistics, for rows [blockIdx.y * chunk, ...
+// + chunk), to the partial rows part_out[blockIdx.y] and part_out[gridDim.y + blockIdx.y].
+// Otherwise: the terms are partial rows part_in[0 .. rows) (and part_in[rows .. 2 rows)),
+// summed into dweight (and dbias) in T.
+template <typename T, bool RMS, bool DIRECT>
+__global__ void __launch_bounds__(1024) norm_grad_cols(
+    const T* dy, const T* x, const typename NormGrad<T, RMS>::C* mean,
+    const typename NormGrad<T, RMS>::C* rstd, const typename NormGrad<T, RMS>::A* part_in,
+    typename NormGrad<T, RMS>::A* part_out, T* dweight, T* dbias, i64 rows, i64 cols,
+    i64 ld_dy, i64 ld_x, i64 chunk) {
+  typedef typename NormGrad<T, RMS>::C C;
+  typedef typename NormGrad<T, RMS>::A A;
+  __shared__ A sums[2][32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 c = static_cast<i64>(blockIdx.x) * 32 + tx;
+  const i64 first = DIRECT ? static_cast<i64>(blockIdx.y) * chunk : 0;
+  const i64 last = DIRECT ? (first + chunk < rows ? first + chunk : rows) : rows;
+  A w = A(0), b = A(0);
+  if (c < cols) {
+#pragma unroll 4
+    for (i64 r = first + ty; r < last; r += 32) {
+      if constexpr (DIRECT) {
+        const A d = static_cast<A>(to_compute<C>(dy[r * ld_dy + c]));
+        const A mu = RMS ? A(0) : static_cast<A>(mean[r]);
+        w += d * ((static_cast<A>(to_compute<C>(x[r * ld_x + c])) - mu) *
+                  static_cast<A>(rstd[r]));
+        if (!RMS) b += d;
+      } else {
+        w += part_in[r * cols + c];
+        if (!RMS) b += part_in[(rows + r) * cols + c];
+      }
+    }
+  }
+  sums[0][ty][tx] = w;
+  sums[1][ty][tx] = b;
+  __syncthreads();
+  if (ty < (RMS ? 1 : 2) && c < cols) {
+    A t = sums[ty][0][tx];
+#pragma unroll
+    for (int r = 1; r < 32; ++r) t += sums[ty][r][tx];
+    if constexpr (DIRECT) {
+      part_out[(static_cast<i64>(ty) * gridDim.y + blockIdx.y) * cols + c] = t;
+    } else {
+      (ty == 0 ? dweight : dbias)[c] = from_compute<T>(static_cast<C>(t));
+    }
+  }
+}
+
+}  // namespace cunorm

@@ -335,6 +335,15 @@ def framework_stream(x: object, kind: str, fname: str, argname: str = "x") -> It
 _DLPACK_CUDA = 2
 
 
+def check_torch_on_cuda(named, fname: str, ref: str) -> None:
+    """Every ``(name, tensor)`` of ``named`` (None skipped) beside a CUDA torch tensor ``ref``
+    must be on CUDA too: a CPU tensor there is a ``TypeError`` naming it."""
+    for name, arr in named:
+        if arr is not None and not arr.is_cuda:
+            raise TypeError(f"{fname}(): {name} is a CPU torch.Tensor but {ref} is a CUDA "
+                            f"tensor; pass every array on {ref}'s device")
+
+
 def _dlpack_cuda_device(x: object) -> int | None:
     """The CUDA device ordinal of an array with ``__dlpack_device__``, else None."""
     try:

@@ -441,7 +441,7 @@ def override_constants(consts: dict[str, object]) -> Iterator[None]:
 
 def _drop_cached_plans() -> None:
     # The ops' plan caches, in the modules that made them (none yet if nothing ran).
-    for module in ("cunorm.softmax", "cunorm.norm", "cunorm.softmax_grad"):
+    for module in ("cunorm.softmax", "cunorm.norm", "cunorm.softmax_grad", "cunorm.norm_grad"):
         cached = getattr(sys.modules.get(module), "_PLANS", None)
         if cached is not None:
             cached.clear()
@@ -457,7 +457,7 @@ def kernel_file(name: str) -> str:
     """Source file under ``cuda_src/`` defining kernel ``name``."""
     if name.startswith("cunorm::attn_"):
         return "attention.cu"
-    if name.startswith("cunorm::softmax_grad<"):
+    if name.startswith(("cunorm::softmax_grad<", "cunorm::norm_grad_")):
         return "grad.cu"
     return "norm.cu" if name.startswith("cunorm::norm_") else "softmax.cu"
 
@@ -1336,8 +1336,9 @@ def all_kernel_names(arch: int) -> list[str]:
                     if block_exact(op, src, dst, pack, threads * v, (threads, v)):
                         names.add(block_kernel(family, head, pack, v, True))
     from ._attn_dispatch import all_kernel_names as attention_kernel_names
-    from ._grad_dispatch import all_grad_kernel_names
+    from ._grad_dispatch import all_grad_kernel_names, all_norm_grad_kernel_names
 
     names.update(attention_kernel_names(arch))
     names.update(all_grad_kernel_names())
+    names.update(all_norm_grad_kernel_names())
     return sorted(names)

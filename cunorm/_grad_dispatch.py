@@ -17,6 +17,8 @@ uncached
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ._device import DeviceProps
 from ._dispatch import (
     CTYPE,
@@ -105,6 +107,19 @@ def grad_config(path: str, cols: int, pack: int,
                      f"{GRAD_PATHS}")
 
 
+def _check_plan_args(op: str, ops: tuple[str, ...], dtype: str, rows: int, cols: int,
+                     force: str | None) -> None:
+    """The checks both planners make of their arguments (``ops``: the planner's ops)."""
+    if op not in ops:
+        raise ValueError(f"unknown op {op!r}; expected one of {ops}")
+    if dtype not in CTYPE:
+        raise ValueError(f"no {op} kernel for {dtype}; expected one of {tuple(CTYPE)}")
+    if rows < 1 or cols < 1:
+        raise ValueError(f"{op}: nothing to plan for ({rows}, {cols})")
+    if force is not None and force not in GRAD_PATHS:
+        raise ValueError(f"{op} has no {force!r} path; expected one of {GRAD_PATHS}")
+
+
 def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
               props: DeviceProps, occ: Occupancy, force: str | None = None) -> LaunchPlan:
     """Launch plan of ``op`` (``"softmax_backward"`` or ``"log_softmax_backward"``) over
@@ -129,14 +144,7 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     ...           lambda kernel, block, smem: 8).kernel
     'cunorm::softmax_grad<cunorm::half_t, false, 8, 128, 32, 4, true>'
     """
-    if op not in GRAD_OPS:
-        raise ValueError(f"unknown op {op!r}; expected one of {GRAD_OPS}")
-    if dtype not in CTYPE:
-        raise ValueError(f"no {op} kernel for {dtype}; expected one of {tuple(CTYPE)}")
-    if rows < 1 or cols < 1:
-        raise ValueError(f"{op}: nothing to plan for ({rows}, {cols})")
-    if force is not None and force not in GRAD_PATHS:
-        raise ValueError(f"{op} has no {force!r} path; expected one of {GRAD_PATHS}")
+    _check_plan_args(op, GRAD_OPS, dtype, rows, cols, force)
     itemsize = ITEMSIZE[dtype]
     pack = max_pack(cols, itemsize, align_elems)
     cfg = None
@@ -169,4 +177,197 @@ def all_grad_kernel_names() -> list[str]:
                         cfg = grad_config(path, cols, pack, itemsize)
                         if cfg is not None:
                             names.add(grad_kernel(op, dtype, pack, *cfg[1:], path != "uncached"))
+    return sorted(names)
+
+
+# --- layer_norm / rms_norm gradients ------------------------------------------------------
+NORM_GRAD_OPS = ("layer_norm_backward", "rms_norm_backward")
+#: Threads of a block whose rows take 1-256 threads each (NORM_GRAD_BLOCK / group rows a block
+#: at a time). One partial row of column sums is written a block, so the bigger the block,
+#: the fewer partial rows norm_grad_cols adds up.
+NORM_GRAD_BLOCK = 512
+#: Packs of x and of dy a thread of a holding path takes (as many threads as that needs); a
+#: thread also keeps the column sums of its elements (two values each for layer_norm): 2, or 1
+#: for 16-bit rows of at most NORM_GRAD_SHORT_PACKS packs. H200, one process, GB/s of x, dy
+#: and dx, 49152 rows, 1 -> 2 packs (benchmarks/results/
+#: nvidia-h200-2026-11-29-session77-norm-grad-profile.txt): rms_norm float16 2048 cols 3557
+#: -> 3808, 4096 3094 -> 3916, 8192 2795 -> 3946, float32 1024 2727 -> 3592; layer_norm
+#: float16 4096 2927 -> 3058, 8192 2654 -> 2797, float32 1024 2586 -> 2853, 4096 2356 -> 2512;
+#: but layer_norm float16 256 2331 -> 2131, 1024 3068 -> 2966, rms_norm float16 256 2521 ->
+#: 2398 (half the rows a block at a time, and 86 registers against 64).
+NORM_GRAD_PACKS = 2
+NORM_GRAD_SHORT_PACKS = 128
+#: Row groups past 32 threads wait on named barriers, at most 8 rows a block (grad.cu
+#: row_group_sum): groups of 64-256 threads in NORM_GRAD_BLOCK-thread blocks.
+NORM_GRAD_GROUP_MAX = 256
+#: Whole-block rows: up to 1024 threads of one pack, or NORM_GRAD_BLOCK threads of up to
+#: NORM_GRAD_BLOCK_MAX_PACKS[op] packs of 16 bytes (rms_norm: 16-bit rows of up to 16384
+#: columns, float32 8192, float64 4096; layer_norm three quarters of that). With 2 packs the
+#: 1024-thread kernels spilled under their 64 registers (nvcc 13, sm_90: 16-bit layer_norm
+#: 112 bytes, float32 204), and layer_norm's with 4 under the 128 of 512-thread blocks
+#: (float16 52 bytes, bfloat16 100, float32 40); rms_norm keeps no bias sums. Narrower packs
+#: (misaligned rows) keep one a thread: two spilled float64 kernels of scalar packs.
+NORM_GRAD_BLOCK_MAX_THREADS = 1024
+NORM_GRAD_BLOCK_MAX_PACKS = {"layer_norm_backward": 3, "rms_norm_backward": 4}
+#: Longer rows: 1024 threads read a row twice, NORM_GRAD_UNCACHED_PACKS[itemsize] packs of
+#: each operand a thread at a time (two packs of float32 or float64 spilled: their arithmetic
+#: is double), and the column sums come from x and dy in a pass of their
+#: own (norm_grad_cols, DIRECT).
+NORM_GRAD_UNCACHED_BLOCK = 1024
+NORM_GRAD_UNCACHED_PACKS = {2: 2, 4: 1, 8: 1}
+#: The column kernels' blocks: 32 columns by 32 rows.
+NORM_GRAD_COLS_BLOCK = (32, 32)
+#: The DIRECT column pass splits the rows into chunks so that about this many blocks an SM run.
+NORM_GRAD_COLS_BLOCKS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class NormGradPlan:
+    """Launch plan of a layer_norm / rms_norm gradient: the row kernel, then the column sums.
+
+    Attributes
+    ----------
+    rows : LaunchPlan
+        ``norm_grad_rows``: dx, and with ``hold`` one partial row of column sums a block.
+    hold : bool
+        Whether the row kernel writes the partial rows (``rows.grid`` of them); otherwise
+        ``direct`` takes the column sums from x and dy.
+    direct : tuple or None
+        (kernel, grid, rows a chunk): ``norm_grad_cols`` DIRECT over (column blocks, chunks).
+    partial_rows : int
+        Partial rows the final ``norm_grad_cols`` adds up (the row kernel's grid, or the
+        DIRECT pass's chunks).
+    final : tuple
+        (kernel, grid) of the final ``norm_grad_cols``.
+    """
+
+    rows: LaunchPlan
+    hold: bool
+    direct: tuple[str, tuple[int, int], int] | None
+    partial_rows: int
+    final: tuple[str, tuple[int, int]]
+
+
+def norm_grad_rows_kernel(op: str, dtype: str, pack: int, bound: int, group: int, packs: int,
+                          hold: bool) -> str:
+    """NVRTC name of the ``norm_grad_rows`` instantiation (``cuda_src/grad.cu``)."""
+    rms = _cbool(op == "rms_norm_backward")
+    return (f"cunorm::norm_grad_rows<{CTYPE[dtype]}, {rms}, {pack}, {bound}, {group}, "
+            f"{packs}, {_cbool(hold)}>")
+
+
+def norm_grad_cols_kernel(op: str, dtype: str, direct: bool) -> str:
+    """NVRTC name of the ``norm_grad_cols`` instantiation (``cuda_src/grad.cu``)."""
+    rms = _cbool(op == "rms_norm_backward")
+    return f"cunorm::norm_grad_cols<{CTYPE[dtype]}, {rms}, {_cbool(direct)}>"
+
+
+def norm_grad_config(path: str, op: str, cols: int, pack: int,
+                     itemsize: int) -> tuple[int, int, int, int] | None:
+    """(block threads, the kernel's bound on them, threads a row (0: the block), packs a
+    thread) of ``op``'s ``path`` for rows of ``cols`` columns in packs of ``pack`` elements
+    of ``itemsize`` bytes, or None where the path cannot hold the row."""
+    npacks = cols // pack
+    wide = pack * itemsize == 16
+    per = NORM_GRAD_PACKS if wide and not (
+        itemsize == 2 and npacks <= NORM_GRAD_SHORT_PACKS) else 1
+    most = NORM_GRAD_BLOCK_MAX_PACKS[op] if wide else 1
+    if path == "warp":
+        if npacks > 32 * per:
+            return None
+        group = _next_pow2(_cdiv(npacks, per))
+        return NORM_GRAD_BLOCK, NORM_GRAD_BLOCK, group, _cdiv(npacks, group)
+    if path == "block":
+        if npacks <= NORM_GRAD_GROUP_MAX * per:
+            group = max(64, _next_pow2(_cdiv(npacks, per)))
+            return NORM_GRAD_BLOCK, NORM_GRAD_BLOCK, group, _cdiv(npacks, group)
+        packs = max(per, _cdiv(npacks, NORM_GRAD_BLOCK_MAX_THREADS))
+        if packs > 1:  # NORM_GRAD_BLOCK threads at most (128 registers each)
+            packs = max(packs, _cdiv(npacks, NORM_GRAD_BLOCK))
+        if packs > most:
+            return None
+        bound = NORM_GRAD_BLOCK_MAX_THREADS if packs == 1 else NORM_GRAD_BLOCK
+        return _round_up(_cdiv(npacks, packs), 32), bound, 0, packs
+    if path == "uncached":
+        return (NORM_GRAD_UNCACHED_BLOCK, NORM_GRAD_UNCACHED_BLOCK, 0,
+                NORM_GRAD_UNCACHED_PACKS[itemsize])
+    raise ValueError(f"unknown path {path!r} for the norm gradients; expected one of "
+                     f"{GRAD_PATHS}")
+
+
+def norm_grad_stage_bytes(cols: int, block: int, group: int, itemsize: int) -> int:
+    """Dynamic shared memory of a holding row kernel: the column sums of its rows, staged to
+    be added in order (none for a block of one row)."""
+    rows = block // group if group else 1
+    return rows * cols * _acc_size(itemsize) if rows > 1 else 0
+
+
+def _acc_size(itemsize: int) -> int:
+    """Bytes of the kernels' arithmetic type A: float for 16-bit rows, double otherwise."""
+    return 4 if itemsize == 2 else 8
+
+
+def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
+                   props: DeviceProps, occ: Occupancy, force: str | None = None) -> NormGradPlan:
+    """Launch plan of ``op`` (``"layer_norm_backward"`` or ``"rms_norm_backward"``) over
+    ``rows`` rows of ``cols`` columns of ``dtype`` (dy, x and dx alike); arguments as
+    :func:`plan_grad`.
+
+    Examples
+    --------
+    >>> from cunorm._device import DeviceProps
+    >>> h200 = DeviceProps("fake", (9, 0), 132, 2048, 232448, 233472, 60 << 20)
+    >>> plan = plan_norm_grad("rms_norm_backward", "float16", 4096, 4096, 8, h200,
+    ...                       lambda kernel, block, smem: 2)
+    >>> plan.rows.kernel, plan.rows.grid, plan.partial_rows
+    ('cunorm::norm_grad_rows<cunorm::half_t, true, 8, 512, 256, 2, true>', 264, 264)
+    """
+    _check_plan_args(op, NORM_GRAD_OPS, dtype, rows, cols, force)
+    itemsize = ITEMSIZE[dtype]
+    pack = max_pack(cols, itemsize, align_elems)
+    cfg, path = None, force
+    for path in (force,) if force else GRAD_PATHS:
+        cfg = norm_grad_config(path, op, cols, pack, itemsize)
+        if cfg is not None:
+            break
+    if cfg is None:
+        raise ValueError(f"{op}: rows of {cols} columns do not fit the {force!r} path")
+    block, bound, group, packs = cfg
+    hold = path != "uncached"
+    name = norm_grad_rows_kernel(op, dtype, pack, bound, group, packs, hold)
+    smem = norm_grad_stage_bytes(cols, block, group, itemsize) if hold else 0
+    per_sm = max(1, occ(name, block, smem))
+    row_blocks = _cdiv(rows, block // group if group else 1)
+    # Holding: one wave of resident blocks, each looping over rows (one partial row a block).
+    waves = 1 if hold else GRAD_WAVES
+    grid = max(1, min(row_blocks, props.sm_count * per_sm * waves, MAX_GRID))
+    col_blocks = _cdiv(cols, NORM_GRAD_COLS_BLOCK[0])
+    direct = None
+    partial_rows = grid
+    if not hold:
+        want = max(1, _cdiv(props.sm_count * NORM_GRAD_COLS_BLOCKS_PER_SM, col_blocks))
+        chunk = _cdiv(rows, min(want, _cdiv(rows, NORM_GRAD_COLS_BLOCK[1])))
+        partial_rows = _cdiv(rows, chunk)
+        direct = (norm_grad_cols_kernel(op, dtype, True), (col_blocks, partial_rows), chunk)
+    return NormGradPlan(LaunchPlan(path, name, grid, block, smem), hold, direct, partial_rows,
+                        (norm_grad_cols_kernel(op, dtype, False), (col_blocks, 1)))
+
+
+def all_norm_grad_kernel_names() -> list[str]:
+    """Every ``norm_grad_rows`` / ``norm_grad_cols`` instantiation :func:`plan_norm_grad`
+    can emit, forced paths included."""
+    names = set()
+    for dtype, itemsize in ITEMSIZE.items():
+        for op in NORM_GRAD_OPS:
+            names.update(norm_grad_cols_kernel(op, dtype, d) for d in (False, True))
+            for pack in (p for p in (1, 2, 4, 8) if p * itemsize <= 16):
+                for path in GRAD_PATHS:
+                    top = {"warp": 32 * NORM_GRAD_PACKS * pack,
+                           "block": NORM_GRAD_BLOCK_MAX_THREADS * 4 * pack,
+                           "uncached": pack}[path]
+                    for cols in range(pack, top + 1, pack):
+                        cfg = norm_grad_config(path, op, cols, pack, itemsize)
+                        if cfg is not None:
+                            names.add(norm_grad_rows_kernel(op, dtype, pack, *cfg[1:],
+                                                            path != "uncached"))
     return sorted(names)

@@ -113,6 +113,20 @@ def get_kernel(device_id: int, arch: int, op_file: str, name: str, smem_optin: i
     return kern
 
 
+
+def kernel_oracles(device_id: int, arch: int, op_file: str):
+    """``(kernel_for(name), occ(name, block, smem))`` over ``op_file``'s kernels on device
+    ``device_id``: the compiled kernel a plan names, and the occupancy oracle a planner
+    takes (resident blocks an SM)."""
+
+    def kernel_for(name: str):
+        return get_kernel(device_id, arch, op_file, name)
+
+    def occ(name: str, block: int, smem: int) -> int:
+        return occupancy(kernel_for(name), block, smem)
+
+    return kernel_for, occ
+
 def drop_kernels() -> None:
     """Forget every compiled kernel and what was measured of them (occupancy), so that later
     calls compile again: for measurements that swap sources or options in one process."""

@@ -383,10 +383,7 @@ def _attention_framework(kind: str, q, k, v, causal, scale, mask, return_lse, ou
         _array.check_out(out, kind, (), "", FNAME, "q")  # raises: JAX arrays are immutable
     with _array.framework_stream(q, kind, FNAME, "q"):
         if kind == "torch":
-            for name, arr in named:
-                if arr is not None and not arr.is_cuda:
-                    raise TypeError(f"{FNAME}(): {name} is a CPU torch.Tensor but q is a CUDA "
-                                    "tensor; pass every array on q's device")
+            _array.check_torch_on_cuda(named, FNAME, "q")
         conv = {name: None if arr is None else _array.to_cupy(arr, kind, FNAME, name)
                 for name, arr in (("q", q), *named)}
         res = attention(conv["q"], conv["k"], conv["v"], causal=causal, scale=scale,

@@ -14,7 +14,7 @@ from . import _array, _dispatch, _grad_dispatch
 from ._cache import BoundedCache
 from ._device import device_props
 from ._driver_launch import POINTER, KernelLaunch
-from ._kernels import get_kernel, occupancy
+from ._kernels import kernel_oracles
 
 # (device, op, dtype, rows, cols, row strides, align, forced path)
 #   -> (LaunchPlan, its KernelLaunch, the bytes of its by-value arguments)
@@ -85,10 +85,7 @@ def _grad(y, dy, axis, out, log: bool, fname: str):
         if out is not None:
             _array.check_kind(out, kind, fname, "out", "y")
         if kind == "torch":
-            for name, arr in (("dy", dy), ("out", out)):
-                if arr is not None and not arr.is_cuda:
-                    raise TypeError(f"{fname}(): {name} is a CPU torch.Tensor but y is a CUDA "
-                                    "tensor; pass every array on y's device")
+            _array.check_torch_on_cuda((("dy", dy), ("out", out)), fname, "y")
         yc = _array.to_cupy(y, kind, fname, "y")
         dyc = _array.to_cupy(dy, kind, fname, "dy")
         outc = None
@@ -197,13 +194,7 @@ def _launch(op: str, dtype: str, py: int, pdy: int, pdx: int, dev: int, vy: _arr
 def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,
                forced: str | None):
     props = device_props(dev)
-
-    def kernel_for(name: str):
-        return get_kernel(dev, props.arch, "grad.cu", name)
-
-    def occ(name: str, block: int, smem: int) -> int:
-        return occupancy(kernel_for(name), block, smem)
-
+    kernel_for, occ = kernel_oracles(dev, props.arch, "grad.cu")
     plan = _grad_dispatch.plan_grad(op, dtype, rows, cols, align, props, occ, forced)
     kernel = kernel_for(plan.kernel)
     return plan, KernelLaunch(kernel, dev, plan.grid, plan.block, _PARAMS, plan.smem)

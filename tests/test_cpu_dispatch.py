@@ -1494,7 +1494,8 @@ def test_all_kernel_names_by_arch() -> None:
         if base.startswith("cunorm::attn_"):
             assert d.kernel_file(name) == "attention.cu"
             continue
-        if base == "cunorm::softmax_grad":  # tests/test_cpu_softmax_grad.py
+        if base.startswith(("cunorm::softmax_grad", "cunorm::norm_grad_")):
+            # tests/test_cpu_softmax_grad.py, tests/test_cpu_norm_grad.py
             assert d.kernel_file(name) == "grad.cu"
             continue
         if base.startswith("cunorm::norm_"):

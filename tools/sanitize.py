@@ -1,11 +1,12 @@
-"""Drive every softmax, layer_norm, rms_norm, softmax-gradient and attention kernel path on small
+"""Drive every softmax, layer_norm, rms_norm, gradient and attention kernel path on small
 inputs, for compute-sanitizer.
 
 Usage: ``compute-sanitizer --tool memcheck python tools/sanitize.py [PART ...]`` (also
 racecheck), PART one of ``softmax`` (softmax and log_softmax on every row path and the
 strided paths), ``norms`` (layer_norm and rms_norm on every row path), ``grad``
-(softmax_backward and log_softmax_backward on every path, in place too) and ``attention``;
-all four without one. Under racecheck a part takes minutes (attention minutes a shape), so
+(softmax_backward and log_softmax_backward on every path, in place too), ``norm_grad``
+(layer_norm_backward and rms_norm_backward on every path) and ``attention``; all five
+without one. Under racecheck a part takes minutes (attention minutes a shape), so
 the parts can run in separate calls. Exits non-zero if any result is wrong, so a sanitizer
 run also checks correctness.
 """
@@ -22,7 +23,7 @@ import numpy as np
 import cunorm
 from cunorm import _dispatch
 
-PARTS = ("softmax", "norms", "grad", "attention")
+PARTS = ("softmax", "norms", "grad", "norm_grad", "attention")
 DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
 # (rows, cols) of the row ops. 32: 16-bit norm rows on the exact two-lane kernel that loads
 # its parameters with the row; 256: 16-bit layer_norm rows that load them with the row, on
@@ -51,6 +52,8 @@ def main(parts: tuple[str, ...] = PARTS) -> int:
             bad += check_norms(np.random.default_rng(3), [(5, 256)])
     if "grad" in parts:
         bad += check_grad(np.random.default_rng(4))
+    if "norm_grad" in parts:
+        bad += check_norm_grad(np.random.default_rng(5))
     if "attention" in parts:
         bad += check_attention(np.random.default_rng(1))
     cupy.cuda.Device().synchronize()
@@ -139,6 +142,48 @@ def check_grad(rng: np.random.Generator) -> int:
                                   f"{np.dtype(dt).name} {rows}x{cols}")
                             bad += 1
         _progress(f"grad {np.dtype(dt).name}", started)
+    return bad
+
+
+def check_norm_grad(rng: np.random.Generator) -> int:
+    """layer_norm_backward and rms_norm_backward on every path that holds the row, with and
+    without a weight, on row counts whose grids loop: wrong dx or column sums are counted."""
+    from cunorm import _grad_dispatch
+
+    bad = 0
+    for dt in DTYPES:
+        started = time.perf_counter()
+        for rows, cols in [*ROW_CASES, (3000, 64), (700, 1000), (3, 2056), (2, 8200)]:
+            x = cupy.asarray((rng.standard_normal((rows, cols)) + 0.5).astype(dt))
+            dy = cupy.asarray(rng.standard_normal((rows, cols)).astype(dt))
+            w = cupy.asarray(rng.standard_normal(cols).astype(dt))
+            for rms in (False, True):
+                for weight in (w, None):
+                    if rms:
+                        _, rstd = cunorm.rms_norm(x, weight, return_stats=True)
+                        stats = (rstd,)
+                        bwd = cunorm.rms_norm_backward
+                    else:
+                        _, mean, rstd = cunorm.layer_norm(x, weight, return_stats=True)
+                        stats = (mean, rstd)
+                        bwd = cunorm.layer_norm_backward
+                    # the NumPy path on float64 copies (tests/test_cpu_norm_grad.py holds it
+                    # to finite differences)
+                    ref = bwd(*(None if a is None else cupy.asnumpy(a).astype(np.float64)
+                                for a in (dy, x, *stats, weight)))
+                    for path in _grad_dispatch.GRAD_PATHS:
+                        try:
+                            with _dispatch.force_path(path):
+                                got = bwd(dy, x, *stats, weight)
+                        except ValueError:  # the path cannot hold the row
+                            continue
+                        for g, r in zip(got, ref, strict=True):
+                            g = cupy.asnumpy(g).astype(np.float64)
+                            if not np.allclose(g, r, atol=2e-2 * np.abs(r).max()):
+                                print(f"WRONG {bwd.__name__} {path} weight={weight is not None}"
+                                      f" {np.dtype(dt).name} {rows}x{cols}")
+                                bad += 1
+        _progress(f"norm_grad {np.dtype(dt).name}", started)
     return bad
 
 

@@ -1,0 +1,237 @@
+"""layer_norm_backward / rms_norm_backward on the CPU: the NumPy path against finite
+differences of the forward, every bad input with its message, and the pure planner
+(:func:`cunorm._grad_dispatch.plan_norm_grad`) on fake devices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_cpu_dispatch import A100, H100, H200, SMALL_80, fake_occ
+
+import cunorm
+from cunorm import _dispatch
+from cunorm import _grad_dispatch as g
+
+OPS = ("layer_norm_backward", "rms_norm_backward")
+
+
+def forward_and_backward(op, x, w, b, dy, axis):
+    """(loss function of (x, w, b), the op's gradients) for sum(forward(x) * dy)."""
+    if op == "layer_norm_backward":
+        def loss(x, w, b):
+            return float((cunorm.layer_norm(x, w, b, axis=axis) * dy).sum())
+        _, mean, rstd = cunorm.layer_norm(x, w, b, axis=axis, return_stats=True)
+        return loss, cunorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+
+    def loss(x, w, b):
+        return float((cunorm.rms_norm(x, w, axis=axis) * dy).sum())
+    _, rstd = cunorm.rms_norm(x, w, axis=axis, return_stats=True)
+    return loss, cunorm.rms_norm_backward(dy, x, rstd, w, axis=axis)
+
+
+def finite_difference(f, a: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    out = np.zeros_like(a)
+    for i in np.ndindex(a.shape):
+        up, down = a.copy(), a.copy()
+        up[i] += h
+        down[i] -= h
+        out[i] = (f(up) - f(down)) / (2 * h)
+    return out
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize(("shape", "axis"), [((4, 6), -1), ((3, 1), -1), ((2, 3, 4), (1, 2)),
+                                             ((5, 3), 0), ((2, 3, 4), (0, 2))])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_numpy_path_matches_finite_differences(op, shape, axis, with_weight):
+    rng = np.random.default_rng(len(shape) * 7 + with_weight)
+    x = rng.standard_normal(shape) * 2 + 1
+    dy = rng.standard_normal(shape)
+    axes = tuple(np.atleast_1d(axis) % len(shape))
+    wshape = tuple(shape[a] for a in sorted(axes))
+    w = rng.standard_normal(wshape) if with_weight else None
+    b = rng.standard_normal(wshape)
+    loss, grads = forward_and_backward(op, x, w, b, dy, axis)
+    dx = grads[0]
+    assert dx.shape == shape and dx.dtype == np.float64
+    np.testing.assert_allclose(dx, finite_difference(lambda a: loss(a, w, b), x), atol=1e-7)
+    weight = w if with_weight else np.ones(wshape)
+    fd_w = finite_difference(lambda a: loss(x, a, b), weight)
+    np.testing.assert_allclose(grads[1], fd_w, atol=1e-7)  # (with or without a weight)
+    if op == "layer_norm_backward":
+        np.testing.assert_allclose(grads[2], finite_difference(lambda a: loss(x, w, a), b),
+                                   atol=1e-7)
+    else:
+        assert len(grads) == 2
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_numpy_dtypes_and_empty(op):
+    for dtype in (np.float16, np.float32):
+        x = np.linspace(-1, 1, 12, dtype=dtype).reshape(3, 4)
+        loss, grads = forward_and_backward(op, x, None, None, x, -1)
+        assert all(a.dtype == dtype for a in grads)
+    x = np.zeros((0, 5), np.float32)
+    stats = np.zeros(0, np.float32)
+    grads = (cunorm.layer_norm_backward(x, x, stats, stats) if op == "layer_norm_backward"
+             else cunorm.rms_norm_backward(x, x, stats))
+    assert grads[0].shape == (0, 5)
+    assert all(a.shape == (5,) and not a.any() for a in grads[1:])
+
+
+def test_bad_inputs():
+    x = np.zeros((3, 4), np.float32)
+    s = np.zeros(3, np.float32)
+    lnb, rnb = cunorm.layer_norm_backward, cunorm.rms_norm_backward
+    with pytest.raises(TypeError, match=r"layer_norm_backward\(\): dy has dtype float64; "
+                                        r"expected float32 \(the dtype of x\)"):
+        lnb(x.astype(np.float64), x, s, s)
+    with pytest.raises(ValueError, match=r"dy has shape \(3, 5\); expected \(3, 4\)"):
+        lnb(np.zeros((3, 5), np.float32), x, s, s)
+    with pytest.raises(ValueError, match=r"mean has shape \(4,\); expected \(3,\) \(x's shape "
+                                         r"without the normalized axes\)"):
+        lnb(x, x, np.zeros(4, np.float32), s)
+    with pytest.raises(TypeError, match=r"rstd has dtype float64; expected float32 \(the "
+                                        r"statistics' dtype for float32 x\)"):
+        rnb(x, x, s.astype(np.float64))
+    with pytest.raises(TypeError, match=r"rstd has dtype float32; expected float64"):
+        rnb(x.astype(np.float64), x.astype(np.float64), s)
+    with pytest.raises(ValueError, match=r"weight has shape \(3,\); expected \(4,\)"):
+        rnb(x, x, s, np.ones(3, np.float32))
+    with pytest.raises(TypeError, match=r"weight has dtype float16; expected float32"):
+        rnb(x, x, s, np.ones(4, np.float16))
+    with pytest.raises(TypeError, match="x has dtype int32"):
+        rnb(x.astype(np.int32), x.astype(np.int32), s)
+    with pytest.raises(TypeError, match=r"rms_norm_backward\(\): x must be a numpy.ndarray"):
+        rnb(x, [[0.0] * 4] * 3, s)
+    with pytest.raises(ValueError, match=r"rms_norm_backward\(\): axis 2 is out of range"):
+        rnb(x, x, s, axis=2)
+
+
+# --- the planner --------------------------------------------------------------------------
+def plan(cols: int, dtype: str = "float16", *, rows: int = 49152, align: int = 16,
+         props=H200, force: str | None = None, op: str = "layer_norm_backward"):
+    return g.plan_norm_grad(op, dtype, rows, cols, align, props, fake_occ(props), force)
+
+
+def args(kernel: str) -> tuple[str, ...]:
+    """Template arguments of a ``norm_grad_rows`` name: (T, RMS, PACK, BOUND, GROUP, N,
+    HOLD)."""
+    return tuple(a.strip() for a in kernel.split("<", 1)[1].rstrip(">").split(","))
+
+
+@pytest.mark.parametrize(("dtype", "pack"), [("float16", 8), ("bfloat16", 8), ("float32", 4),
+                                             ("float64", 2)])
+def test_paths_by_row_length(dtype, pack):
+    # 16-bit: one pack a thread up to 128 packs (32 lanes x 1 pack on the warp path); others
+    # two (32 lanes x 2 packs)
+    warp_top = 32 * (1 if pack == 8 else g.NORM_GRAD_PACKS) * pack
+    assert plan(warp_top, dtype).rows.path == "warp"
+    assert plan(warp_top + pack, dtype).rows.path == "block"
+    for op in g.NORM_GRAD_OPS:
+        top = g.NORM_GRAD_BLOCK * g.NORM_GRAD_BLOCK_MAX_PACKS[op] * pack
+        assert plan(top, dtype, op=op).rows.path == "block"
+        assert plan(top + pack, dtype, op=op).rows.path == "uncached"
+    # misaligned (scalar) rows: one element a thread, 1024 threads at most
+    assert plan(1024, dtype, align=1).rows.path == "block"
+    assert plan(1025, dtype, align=1).rows.path == "uncached"
+
+
+@pytest.mark.parametrize(("cols", "expect"), [
+    # (block threads, bound, threads a row, packs a thread, dynamic shared memory)
+    (8, (512, 512, 1, 1, 512 * 8 * 4)), (32, (512, 512, 4, 1, 128 * 32 * 4)),
+    (256, (512, 512, 32, 1, 16 * 256 * 4)), (264, (512, 512, 64, 1, 8 * 264 * 4)),
+    (1000, (512, 512, 128, 1, 4 * 1000 * 4)), (1024, (512, 512, 128, 1, 4 * 1024 * 4)),
+    # past 128 packs: two a thread
+    (1032, (512, 512, 128, 2, 4 * 1032 * 4)), (4096, (512, 512, 256, 2, 2 * 4096 * 4)),
+    (4104, (288, 512, 0, 2, 0)), (8192, (512, 512, 0, 2, 0)), (12288, (512, 512, 0, 3, 0)),
+])
+def test_layout_of_float16_rows(cols, expect):
+    p = plan(cols)
+    block, bound, group, packs, smem = expect
+    assert args(p.rows.kernel) == ("cunorm::half_t", "false", "8", str(bound), str(group),
+                                   str(packs), "true")
+    assert (p.rows.block, p.rows.smem) == (block, smem)
+    assert p.hold and p.direct is None and p.partial_rows == p.rows.grid
+    assert p.final == ("cunorm::norm_grad_cols<cunorm::half_t, false, false>",
+                       (-(-cols // 32), 1))
+    assert args(plan(cols, op="rms_norm_backward").rows.kernel)[1] == "true"
+    # rms_norm keeps no bias sums: 16384 columns on 512 threads of 4 packs
+    assert args(plan(16384, op="rms_norm_backward").rows.kernel)[3:] == ("512", "0", "4",
+                                                                          "true")
+    assert plan(16384).rows.path == "uncached"
+
+
+def test_shared_memory_stays_under_48_kb():
+    """The row groups' staged column sums need no opt-in: at most 48 KB a block."""
+    for dtype in _dispatch.ITEMSIZE:
+        for cols in range(1, 20000, 7):
+            for align in (1, 16):
+                try:
+                    p = plan(cols, dtype, align=align)
+                except ValueError:
+                    continue
+                assert p.rows.smem <= 48 * 1024, (dtype, cols, p.rows)
+
+
+def test_holding_grids_are_one_wave_and_long_rows_go_direct():
+    p = plan(4096, rows=10**6)
+    assert p.rows.grid == H200.sm_count * (H200.max_threads_per_sm // 512)  # one wave
+    assert plan(8192, rows=3).rows.grid == 3 == plan(8192, rows=3).partial_rows
+    assert plan(32, rows=300).rows.grid == 3  # 128 rows a block
+    u = plan(65536, rows=3000)
+    assert u.rows.path == "uncached" and not u.hold
+    name, grid, chunk = u.direct
+    assert name == "cunorm::norm_grad_cols<cunorm::half_t, false, true>"
+    assert grid == (2048, u.partial_rows) and chunk * u.partial_rows >= 3000
+    assert u.final[1] == (2048, 1)
+    narrow = plan(16400, "float64", rows=100000)  # few column blocks: rows split in chunks
+    assert narrow.direct[1][0] * narrow.direct[1][1] >= H200.sm_count
+
+
+@pytest.mark.parametrize("force", g.GRAD_PATHS)
+@pytest.mark.parametrize("props", [H100, A100, SMALL_80, H200])
+def test_forced_paths(force, props):
+    for cols in (1, 100, 256, 264, 2048, 2056, 8192, 8200, 1 << 20):
+        fits = g.norm_grad_config(force, "layer_norm_backward", cols,
+                                    _dispatch.max_pack(cols, 2, 16), 2) is not None
+        if fits:
+            assert plan(cols, props=props, force=force).rows.path == force
+        else:
+            with pytest.raises(ValueError, match=f"do not fit the '{force}' path"):
+                plan(cols, props=props, force=force)
+
+
+def test_plan_errors():
+    with pytest.raises(ValueError, match="has no 'smem' path"):
+        plan(100, force="smem")
+    with pytest.raises(ValueError, match="unknown op 'layer_norm'"):
+        plan(100, op="layer_norm")
+    with pytest.raises(ValueError, match="no layer_norm_backward kernel for int8"):
+        plan(100, "int8")
+    with pytest.raises(ValueError, match="nothing to plan"):
+        plan(0)
+
+
+def test_every_planned_kernel_is_listed():
+    """Every plan, forced or not, on every alignment, names kernels of
+    :func:`all_norm_grad_kernel_names`, which reach :func:`cunorm._dispatch.all_kernel_names`
+    with grad.cu as their source."""
+    listed = set(g.all_norm_grad_kernel_names())
+    planned = set()
+    for dtype in _dispatch.ITEMSIZE:
+        for op in g.NORM_GRAD_OPS:
+            for align in (1, 2, 4, 8, 16):
+                for cols in [*range(1, 300), *range(300, 40000, 97), 1 << 20]:
+                    for force in (None, *g.GRAD_PATHS):
+                        try:
+                            p = plan(cols, dtype, align=align, force=force, op=op)
+                        except ValueError:
+                            continue
+                        planned.update((p.rows.kernel, p.final[0]))
+                        if p.direct:
+                            planned.add(p.direct[0])
+    assert planned <= listed
+    everything = set(_dispatch.all_kernel_names(90))
+    assert listed <= everything
+    assert {_dispatch.kernel_file(n) for n in listed} == {"grad.cu"}
