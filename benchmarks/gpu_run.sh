@@ -44,7 +44,7 @@ for step in $steps; do
         [ $rc = 0 ] || status=1
       done ;;
     bench)
-      for op in ${BENCH_OPS:-softmax log_softmax layer_norm rms_norm layer_norm_residual rms_norm_residual softmax_backward log_softmax_backward attention}; do
+      for op in ${BENCH_OPS:-softmax log_softmax layer_norm rms_norm layer_norm_residual rms_norm_residual softmax_backward log_softmax_backward layer_norm_backward rms_norm_backward attention}; do
         python -m cunorm.bench "$op" --out "$OUT" || status=1
       done ;;
   esac

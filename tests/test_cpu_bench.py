@@ -434,7 +434,8 @@ def test_opspec_defaults_unchanged() -> None:
     # The row-wise ops keep their family and rowwise flag; attention added no row-wise op.
     assert [op.name for op in rowwise_ops()] == [
         "softmax", "log_softmax", "layer_norm", "rms_norm", "layer_norm_residual",
-        "rms_norm_residual", "softmax_backward", "log_softmax_backward",
+        "rms_norm_residual", "softmax_backward", "log_softmax_backward", "layer_norm_backward",
+        "rms_norm_backward",
     ]  # fmt: skip
     assert isinstance(OPS["softmax"], OpSpec) and OPS["softmax"].runner is None
 
@@ -635,3 +636,332 @@ def test_grad_no_gpu_command(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> No
     monkeypatch.delattr(cunorm, "softmax_backward")
     assert main(["softmax_backward", "--quick"]) == 2
     assert "cunorm.softmax_backward is not available yet" in capsys.readouterr().out
+
+
+# -- layer_norm_backward / rms_norm_backward (the norm_grad family) --------------------------------
+NORM_GRAD_OPS = ("layer_norm_backward", "rms_norm_backward")
+
+
+def _fd_grad(op: OpSpec, x: np.ndarray, w: np.ndarray, b: Any, dy: np.ndarray) -> np.ndarray:
+    """dx = J^T dy of the float64 forward (the norm family's reference), by central differences
+    column by column (rows are independent)."""
+    fwd = OPS["rms_norm" if op.rms else "layer_norm"]
+    h = 1e-6
+    dx = np.empty(x.shape)
+    for j in range(x.shape[1]):
+        e = np.zeros(x.shape)
+        e[:, j] = h
+        dy_dxj = (fwd.reference(np, x + e, w, b) - fwd.reference(np, x - e, w, b)) / (2 * h)
+        dx[:, j] = (dy_dxj * dy).sum(-1)
+    return dx
+
+
+def test_norm_grad_op_entries() -> None:
+    for name in NORM_GRAD_OPS:
+        op = OPS[name]
+        assert op.family == "norm_grad" and op.cunorm_attr == name and op.rowwise
+        assert op.rms == name.startswith("rms") and op.second_input and op.grad
+        assert not op.residual and op.extra_cases == () and op.runner is None
+        assert op.arrays_moved == 3 and op in rowwise_ops()
+        # 3 full-size arrays: x and dy read, dx written (weight, stats, dweight not counted).
+        assert op.moved_bytes(49152 * 1024, 2) == 3 * 49152 * 1024 * 2
+    ln, rms = OPS["layer_norm_backward"], OPS["rms_norm_backward"]
+    assert ln.params == ("weight", "bias") and ln.eps == OPS["layer_norm"].eps
+    assert rms.params == ("weight",) and rms.eps == OPS["rms_norm"].eps
+    assert ln.grad_outputs == ("dx", "dweight", "dbias") and ln.forward_attr == "layer_norm"
+    assert rms.grad_outputs == ("dx", "dweight") and rms.forward_attr == "rms_norm"
+    assert ln.usage.startswith("`cunorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)`")
+    assert "`cunorm.layer_norm(x, w, b, eps=1e-05, return_stats=True)`" in ln.usage
+    assert rms.usage.startswith("`cunorm.rms_norm_backward(dy, x, rstd, w, axis=axis)`")
+    assert "`cunorm.rms_norm(x, w, eps=1e-06, return_stats=True)`" in rms.usage
+    # The softmax gradients are gradients too; the forward ops are not.
+    assert OPS["softmax_backward"].grad and not OPS["layer_norm"].grad
+
+
+@pytest.mark.parametrize("name", NORM_GRAD_OPS)
+def test_norm_grad_reference(rng: np.random.Generator, name: str) -> None:
+    """The float64 reference is J^T dy of the forward, and what cunorm's NumPy path returns on
+    float64 inputs with the statistics of cunorm's forward."""
+    op = OPS[name]
+    x = rng.standard_normal((5, 9)) * 2 + 0.5
+    w = rng.standard_normal(9)
+    b = None if op.rms else rng.standard_normal(9)
+    dy = rng.standard_normal(x.shape)
+    ref = op.reference(np, x, w, b, dy)
+    np.testing.assert_allclose(ref, _fd_grad(op, x, w, b, dy), rtol=1e-6, atol=1e-7)
+    xhat = x if op.rms else x - x.mean(-1, keepdims=True)
+    rstd = 1 / np.sqrt((xhat * xhat).mean(-1, keepdims=True) + op.eps)
+    xhat = xhat * rstd
+    g = dy * w
+    direct = rstd * (g - (0 if op.rms else g.mean(-1, keepdims=True))
+                     - xhat * (g * xhat).mean(-1, keepdims=True))  # fmt: skip
+    np.testing.assert_allclose(ref, direct, rtol=1e-13, atol=1e-14)
+    fn, why = op.resolve()
+    assert fn is not None, why
+    stats = op.cunorm_stats(x, w, b, -1)
+    assert len(stats) == (1 if op.rms else 2) and all(s.shape == (5,) for s in stats)
+    out = op.call(fn, x, w, b, -1, dy, stats)
+    assert len(out) == len(op.grad_outputs)
+    np.testing.assert_allclose(out[0], ref, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(out[1], (dy * xhat).sum(0), rtol=1e-12)
+    if not op.rms:
+        np.testing.assert_allclose(out[2], dy.sum(0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", NORM_GRAD_OPS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_norm_grad_case_and_guard(monkeypatch: pytest.MonkeyPatch, name: str, dtype: str) -> None:
+    """make_case gives x, weight (and bias) and a random normal dy; cunorm gets the statistics
+    of its own forward, once; the guard passes cunorm's result and catches wrong ones."""
+    import sys
+
+    from cunorm.bench import cases
+    from cunorm.bench.ops import TOLERANCE, numpy_dtype
+
+    monkeypatch.setitem(sys.modules, "cupy", _numpy_cupy())
+    op = OPS[name]
+    case = cases.make_case(op, (48, 300), dtype)
+    x, dy = case.x, case.r
+    assert x.dtype == dy.dtype == numpy_dtype(dtype) and x.shape == dy.shape == (48, 300)
+    assert case.w.shape == (300,) and case.w.dtype == x.dtype
+    assert (case.b is None) == op.rms
+    # x, w, b are the forward op's (same seed, same draws).
+    plain = cases.make_case(OPS[op.forward_attr], (48, 300), dtype)
+    assert (plain.x == x).all() and (plain.w == case.w).all()
+    assert case.nbytes == 3 * x.size * x.dtype.itemsize
+    assert np.count_nonzero(dy) == dy.size and float(dy.astype(np.float32).std()) > 0.9
+    fn, why = op.resolve()
+    assert fn is not None, why
+    out = case.cunorm(fn)
+    stats = case.cunorm_stats()
+    assert case.cunorm_stats() is stats  # computed once, kept for the timed calls
+    assert all(s.dtype == np.float32 and s.shape == (48,) for s in stats)
+    good = cases.check_output(case, out, None)
+    assert good.ok and good.err <= TOLERANCE[dtype], good
+    assert "float64" in good.note
+    bad = cases.check_output(case, (dy, *out[1:]), None)  # dx = dy
+    assert not bad.ok and "vs float64" in bad.note
+    short = cases.check_output(case, out[:1], None)
+    assert not short.ok and short.note == (
+        f"expected ({', '.join(op.grad_outputs)}), got a 1-tuple"
+    )
+    wrong = cases.check_output(case, (out[0], out[1][:5], *out[2:]), None)
+    assert not wrong.ok and wrong.note == "dweight is shape (5,), expected (300,)"
+
+
+def test_norm_grad_resolve_needs_return_stats(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cunorm
+
+    monkeypatch.setattr(cunorm, "rms_norm", lambda x, w=None, *, axis=-1, eps=1e-6: x)
+    fn, why = OPS["rms_norm_backward"].resolve()
+    assert fn is None and "cunorm.rms_norm does not return its statistics" in why
+    assert OPS["layer_norm_backward"].resolve()[0] is not None
+    monkeypatch.delattr(cunorm, "layer_norm_backward")
+    fn, why = OPS["layer_norm_backward"].resolve()
+    assert fn is None and "not available yet" in why
+
+
+def test_norm_grad_torch_calls() -> None:
+    """torch eager runs autograd's aten ops on torch's own statistics (a fake torch records the
+    calls): native_layer_norm(_backward), and _fused_rms_norm(_backward) where they run."""
+    from types import SimpleNamespace
+
+    from cunorm.bench import ops
+
+    calls = []
+
+    def rec(name: str, result: Any) -> Any:
+        return lambda *a: calls.append((name, *a)) or result
+
+    aten = SimpleNamespace(
+        native_layer_norm=rec("fwd", ("y", "mean", "rstd")),
+        native_layer_norm_backward=rec("bwd", ("dx", "dw", "db")),
+        _fused_rms_norm=rec("rfwd", ("y", "rstd")),
+        _fused_rms_norm_backward=rec("rbwd", ("dx", "dw")),
+    )
+    torch = SimpleNamespace(
+        ops=SimpleNamespace(aten=aten), nn=SimpleNamespace(functional=None),
+        cuda=SimpleNamespace(is_available=lambda: False), ones=lambda *a, **k: np.ones(a[0]),
+    )  # fmt: skip
+    t = np.zeros((4, 8))
+    ln, rms = OPS["layer_norm_backward"], OPS["rms_norm_backward"]
+    stats = ln.torch_stats(torch, t, "w", "b")
+    assert stats == ("mean", "rstd") and calls == [("fwd", t, [8], "w", "b", 1e-5)]
+    assert ln.torch_fn(torch)(t, "w", "b", "dy", -1, stats) == ("dx", "dw", "db")
+    assert calls[-1] == ("bwd", "dy", t, [8], "mean", "rstd", "w", "b", [True, True, True])
+    calls.clear()
+    assert ops.torch_fused_rms(torch)  # the probe ran both ops
+    assert [c[0] for c in calls] == ["rfwd", "rbwd"]
+    stats = rms.torch_stats(torch, t, "w", None)
+    assert stats == ("rstd",) and calls[-1] == ("rfwd", t, [8], "w", 1e-6)
+    assert rms.torch_fn(torch)(t, "w", None, "dy", -1, stats) == ("dx", "dw")
+    assert calls[-1] == ("rbwd", "dy", t, [8], "rstd", "w", [True, True])
+    assert rms.torch_grad_label(torch).startswith("torch.ops.aten._fused_rms_norm_backward(")
+    assert ln.torch_grad_label(torch).startswith("torch.ops.aten.native_layer_norm_backward(")
+    # A torch without the fused rms ops: the formula, said so in the label.
+    old = SimpleNamespace(ops=SimpleNamespace(aten=SimpleNamespace()))
+    assert not ops.torch_fused_rms(old)
+    assert "has no CUDA aten._fused_rms_norm_backward" in rms.torch_grad_label(old)
+
+
+@pytest.mark.parametrize("name", NORM_GRAD_OPS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_norm_grad_torch_on_cpu(rng: np.random.Generator, name: str, dtype: str) -> None:
+    """The real torch functions on CPU tensors (on a CPU, torch has no _fused_rms_norm_backward
+    kernel, so rms_norm takes the formula) against the float64 reference."""
+    torch = pytest.importorskip("torch")
+    from cunorm.bench import ops
+
+    op = OPS[name]
+    x = torch.from_numpy(rng.standard_normal((6, 40)).astype(dtype))
+    w = torch.from_numpy(rng.standard_normal(40).astype(dtype))
+    b = None if op.rms else torch.from_numpy(rng.standard_normal(40).astype(dtype))
+    dy = torch.from_numpy(rng.standard_normal((6, 40)).astype(dtype))
+    if op.rms and ops.torch_fused_rms(torch):
+        pytest.skip("this torch runs _fused_rms_norm_backward on the CPU")
+    stats = op.torch_stats(torch, x, w, b)
+    assert all(s.shape == (6, 1) for s in stats)
+    out = op.torch_fn(torch)(x, w, b, dy, -1, stats)
+    assert len(out) == len(op.grad_outputs) and out[0].dtype == x.dtype
+    assert all(tuple(o.shape) == (40,) and o.dtype == x.dtype for o in out[1:])
+    ref = op.reference(np, x.numpy(), w.numpy(), None, dy.numpy())
+    tol = 2e-6 if dtype == "float32" else 1e-12
+    assert np.abs(out[0].numpy() - ref).max() <= tol * np.abs(ref).max()
+
+
+def _fd_jax() -> Any:
+    """A stand-in for ``jax`` on NumPy float64: ``numpy`` and ``lax.rsqrt`` for the forward, and
+    ``vjp`` by central differences, enough to run :meth:`OpSpec.jax_fn`'s function."""
+    from types import SimpleNamespace
+
+    def vjp(f: Any, *primals: np.ndarray) -> Any:
+        def pull(ct: np.ndarray) -> tuple[np.ndarray, ...]:
+            grads = []
+            for i, p in enumerate(primals):
+                g = np.empty(p.shape)
+                for idx in np.ndindex(p.shape):
+                    e = np.zeros(p.shape)
+                    e[idx] = 1e-6
+                    hi = [*primals[:i], p + e, *primals[i + 1 :]]
+                    lo = [*primals[:i], p - e, *primals[i + 1 :]]
+                    g[idx] = ((f(*hi) - f(*lo)) * ct).sum() / 2e-6
+                grads.append(g)
+            return tuple(grads)
+
+        return f(*primals), pull
+
+    return SimpleNamespace(numpy=np, lax=SimpleNamespace(rsqrt=lambda a: 1 / np.sqrt(a)), vjp=vjp)
+
+
+@pytest.mark.parametrize("name", NORM_GRAD_OPS)
+def test_norm_grad_jax_function(rng: np.random.Generator, name: str) -> None:
+    """JAX's function is jax.vjp of the jnp norm with respect to x, w (and b), applied to dy."""
+    op = OPS[name]
+    x, dy = rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
+    w = rng.standard_normal(6)
+    b = None if op.rms else rng.standard_normal(6)
+    out = op.jax_fn(_fd_jax(), -1)(x, w, b, dy)
+    assert len(out) == len(op.grad_outputs)
+    np.testing.assert_allclose(out[0], op.reference(np, x, w, b, dy), rtol=1e-6, atol=1e-7)
+    xc = x if op.rms else x - x.mean(-1, keepdims=True)
+    xhat = xc / np.sqrt((xc * xc).mean(-1, keepdims=True) + op.eps)
+    np.testing.assert_allclose(out[1], (dy * xhat).sum(0), rtol=1e-6, atol=1e-7)
+    if not op.rms:
+        np.testing.assert_allclose(out[2], dy.sum(0), rtol=1e-6, atol=1e-7)
+
+
+def test_norm_grad_peer_notes() -> None:
+    """The torch peers' callables for rms_norm_backward say which backward they run."""
+    from types import SimpleNamespace
+
+    from cunorm.bench.cases import Case
+    from cunorm.bench.peers import _with_note
+
+    old = SimpleNamespace(ops=SimpleNamespace(aten=SimpleNamespace()))
+    for name in NORM_GRAD_OPS:
+        case = Case(OPS[name], "float32", np.ones((2, 8), np.float32))
+        case._torch = ("t", "w", "b", "dy")
+        case._torch_stats = ("rstd",)
+        fn = _with_note(case, old, lambda *a: a)
+        assert fn() == ("t", "w", "b", "dy", -1, ("rstd",))
+        note = getattr(fn, "note", "")
+        assert ("has no CUDA aten._fused_rms_norm_backward" in note) == OPS[name].rms
+
+
+def test_norm_grad_cupyx_and_triton_not_timed() -> None:
+    from types import SimpleNamespace
+
+    from cunorm.bench.cases import Case
+    from cunorm.bench.peers import Cupyx, PeerUnavailable, Triton
+
+    triton = Triton.__new__(Triton)
+    triton.k = SimpleNamespace(DTYPES=("float16", "bfloat16", "float32"), MAX_COLS=16384)
+    for name in NORM_GRAD_OPS:
+        case = Case(OPS[name], "float32", np.ones((2, 8), np.float32), r=np.ones((2, 8)))
+        with pytest.raises(PeerUnavailable) as exc:
+            Cupyx.__new__(Cupyx).build(case)
+        assert str(exc.value) == (
+            f"cupyx.scipy.special has no norms and no norm gradient; {name} not timed"
+        )
+        with pytest.raises(PeerUnavailable) as exc:
+            triton.build(case)
+        assert str(exc.value) == (
+            f"the minimal Triton kernels are forward only (no backward); {name} not timed"
+        )
+
+
+def test_norm_grad_method_paragraph() -> None:
+    from cunorm.bench.report import method_paragraph
+
+    text = method_paragraph({"timer": "events"}, "layer_norm_backward")
+    for part in ("3·rows·cols·itemsize", "x and dy read, dx written",
+                 "`torch.ops.aten.native_layer_norm_backward(dy, x, [cols], mean, rstd, w, b, "
+                 "[True, True, True])`", "`aten.native_layer_norm`",
+                 "`cunorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)`",
+                 "return_stats=True", "random normal x, weight, bias and dy", "`jax.vjp`",
+                 "dx = rstd·(g − mean(g) − x̂·mean(g·x̂))", "triton: not timed",
+                 "cupyx: not timed"):  # fmt: skip
+        assert part in text, part
+    text = method_paragraph({"timer": "events"}, "rms_norm_backward")
+    for part in ("`torch.ops.aten._fused_rms_norm_backward(dy, x, [cols], rstd, w, [True, True])`",
+                 "formula in float32 torch ops", "dx = rstd·(g − x̂·mean(g·x̂))",
+                 "random normal x, weight and dy", "of dweight only the shape"):  # fmt: skip
+        assert part in text, part
+
+
+@pytest.mark.parametrize("name", NORM_GRAD_OPS)
+def test_norm_grad_numpy_fallback(name: str) -> None:
+    from cunorm.bench.sweep import Notes, run_numpy
+    from cunorm.bench.timing import gbps
+
+    op = OPS[name]
+    fn, why = op.resolve()
+    assert fn is not None, why
+    notes = Notes()
+    notes.sink = lambda m: None
+    rows = run_numpy(op, fn, [32, 1000], notes)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and not notes.lines
+    for r in rows:
+        assert r["err"] < 2e-6 and r["gbps"] == gbps(3 * r["rows"] * r["cols"] * 4, r["ms"])
+
+    def no_sums(dy: Any, x: Any, *rest: Any, axis: int = -1) -> Any:
+        return (dy, rest[-1]) if op.rms else (dy, rest[-1], rest[-1])
+
+    rows = run_numpy(op, no_sums, [32], notes)
+    assert rows[0]["status"] == "MISMATCH" and "MISMATCH" in notes.lines[0]
+    rows = run_numpy(op, lambda dy, x, *rest, axis=-1: dy, [32], notes)
+    assert rows[0]["status"] == "ERROR" and "expected (dx, dweight" in rows[0]["note"]
+
+
+def test_norm_grad_no_gpu_command(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import cunorm
+
+    monkeypatch.setattr(env, "probe_gpu", lambda: (False, "test: no GPU"))
+    for name in NORM_GRAD_OPS:
+        assert main([name, "--cols", "32,128"]) == 0
+        out = capsys.readouterr().out
+        rows = [line.split() for line in out.splitlines() if line.startswith(name)]
+        assert [r[2] for r in rows] == ["32", "128"] and all(r[-1] == "ok" for r in rows)
+    monkeypatch.delattr(cunorm, "rms_norm_backward")
+    assert main(["rms_norm_backward", "--quick"]) == 2
+    assert "cunorm.rms_norm_backward is not available yet" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """Benchmarks for cunorm: ``python -m cunorm.bench OP``.
 
 Times cunorm's row-wise ops (softmax, log_softmax, layer_norm, rms_norm, the two norms fused with a
-residual add, and the gradients softmax_backward and log_softmax_backward) on the standard sweep
+residual add, and the gradients softmax_backward, log_softmax_backward, layer_norm_backward and
+rms_norm_backward) on the standard sweep
 (shape ``(49152, cols)``, float16, bfloat16 and float32) against PyTorch eager, ``torch.compile``,
 ``cupyx.scipy.special``, JAX under ``jax.jit`` and a minimal hand-written Triton kernel, all on the
 same input arrays, and reports effective bandwidth (bytes read + bytes written per second) next to

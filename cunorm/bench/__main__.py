@@ -24,6 +24,7 @@ examples:
   python -m cunorm.bench layer_norm --dtypes bf16 --cols 1024,4096 --peers torch,compile
   python -m cunorm.bench rms_norm_residual --quick  y, h = rms_norm(x + r), x + r in one pass
   python -m cunorm.bench softmax_backward --quick   dx from y = softmax(x) and dy (3 arrays move)
+  python -m cunorm.bench layer_norm_backward --quick  dx, dw, db from x, w, dy and the stats
   python -m cunorm.bench overhead                host µs per call on a (8, 128) float32 array
   python -m cunorm.bench attention               forward (TFLOP/s), decoding (GB/s), peak memory
   python -m cunorm.bench attention --quick       bf16, L 1024/4096/16384, 3 decoding lengths
@@ -54,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         "op",
         choices=[*OPS, "overhead", "all"],
         help="op to benchmark; *_residual: the norm fused with a residual add (cunorm's "
-        "residual=r, returning y and h = x + r); *_backward: the gradient of softmax or "
-        "log_softmax from the forward's output y and dy; 'all' runs every available row-wise op, "
+        "residual=r, returning y and h = x + r); softmax_backward, log_softmax_backward: the "
+        "gradient from the forward's output y and dy; layer_norm_backward, rms_norm_backward: "
+        "dx and the weight's (and bias's) gradients from x, the weight, dy and the forward's "
+        "statistics; 'all' runs every available row-wise op, "
         "'overhead' measures host time per call, 'attention' the attention forward "
         "(FlashAttention convention), decoding and peak-memory benchmark",
     )

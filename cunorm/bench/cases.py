@@ -4,7 +4,10 @@ Every implementation in a cell reads the *same* device buffers: the input (and, 
 residual norms, the second input ``r``) is created once with CuPy (random normal, never zeros: a
 zero input would let kernels skip work and make exp() trivially cheap) and handed to PyTorch and
 JAX through DLPack. The softmax gradients read ``y``, the (log_)softmax of such an input, in
-place of ``x``, and a random normal ``dy`` in place of ``r``.
+place of ``x``, and a random normal ``dy`` in place of ``r``. The norm gradients read ``x``, its
+weight (and bias) and a random normal ``dy`` in place of ``r``, plus the forward's statistics,
+which each library computes with its own forward once per case (:meth:`Case.cunorm_stats`,
+:meth:`Case.torch_args`), before anything is timed.
 """
 
 from __future__ import annotations
@@ -94,7 +97,8 @@ class Case:
     """One input of one op: ``x`` plus its weight/bias (and residual ``r`` for the residual
     norms), and lazily made torch/JAX views of all four (``None`` where the op has none).
 
-    For the softmax_grad family ``x`` is the forward's output ``y`` and ``r`` is ``dy``.
+    For the softmax_grad family ``x`` is the forward's output ``y`` and ``r`` is ``dy``; for
+    the norm_grad family ``x`` is the forward's input and ``r`` is ``dy``.
     """
 
     op: OpSpec
@@ -106,6 +110,8 @@ class Case:
     axis: int = -1
     _torch: Arrays | None = field(default=None, repr=False)
     _jax: Arrays | None = field(default=None, repr=False)
+    _cunorm_stats: tuple[Any, ...] | None = field(default=None, repr=False)
+    _torch_stats: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -141,12 +147,35 @@ class Case:
             self._jax = self._views(to_jax)
         return self._jax
 
+    def torch_args(self) -> tuple[Any, ...]:
+        """The arguments of :meth:`OpSpec.torch_fn`'s function: ``(x, w, b, r, axis)`` as
+        torch tensors, and for the norm_grad family also torch's forward statistics
+        (:meth:`OpSpec.torch_stats`, computed on the first call and kept)."""
+        t, w, b, r = self.torch()
+        if self.op.family != "norm_grad":
+            return t, w, b, r, self.axis
+        if self._torch_stats is None:
+            import torch
+
+            self._torch_stats = self.op.torch_stats(torch, t, w, b)
+        return t, w, b, r, self.axis, self._torch_stats
+
     def _views(self, convert: Any) -> Arrays:
         x, w, b, r = (None if a is None else convert(a) for a in (self.x, self.w, self.b, self.r))
         return x, w, b, r
 
+    def cunorm_stats(self) -> tuple[Any, ...]:
+        """Norm_grad family: cunorm's forward statistics of ``x`` (:meth:`OpSpec.cunorm_stats`),
+        computed on the first call (the guard's untimed one) and kept; ``()`` otherwise."""
+        if self.op.family != "norm_grad":
+            return ()
+        if self._cunorm_stats is None:
+            self._cunorm_stats = self.op.cunorm_stats(self.x, self.w, self.b, self.axis)
+        return self._cunorm_stats
+
     def cunorm(self, fn: Any) -> Any:
-        return self.op.call(fn, self.x, self.w, self.b, self.axis, self.r)
+        stats = self.cunorm_stats()
+        return self.op.call(fn, self.x, self.w, self.b, self.axis, self.r, stats)
 
 
 def _astype(a: Any, dtype: str) -> Any:
@@ -181,7 +210,8 @@ def make_case(
 
     ``x``, ``w`` and ``b`` are drawn first, so they are the same as the plain op's at the
     same seed. For the softmax_grad family ``x`` is then replaced by ``y``, the forward of the
-    drawn ``x`` (see :func:`forward_output`), and ``r`` is ``dy``.
+    drawn ``x`` (see :func:`forward_output`), and ``r`` is ``dy``; for the norm_grad family
+    ``r`` is ``dy`` (the statistics come later, from each library's forward).
     """
     import cupy
 
@@ -284,9 +314,8 @@ def _err_rows_f64(case: Case, out2d_cupy: Any, idx: Any) -> float:
     """Max relative error of the given rows against the float64 reference (CuPy)."""
     import cupy
 
-    # dy of a softmax gradient (a residual op's r is already summed into the rows of h)
-    grad = case.op.family == "softmax_grad"
-    dy = _f64(_rows2d_cupy(case.r, case.axis)[idx]) if grad else None
+    # dy of a gradient (a residual op's r is already summed into the rows of h)
+    dy = _f64(_rows2d_cupy(case.r, case.axis)[idx]) if case.op.grad else None
     ref = case.op.reference(cupy, _input_rows_f64(case, idx), _f64(case.w), _f64(case.b), dy)
     num = cupy.abs(_f64(out2d_cupy[idx]) - ref).max(axis=-1)
     den = cupy.maximum(cupy.abs(ref).max(axis=-1), 1e-300)
@@ -305,10 +334,29 @@ def check_output(case: Case, out: Any, ref: Any | None) -> Check:
     For a residual op, ``out`` (and ``ref``) is the pair ``(y, h)``: ``y`` is checked as
     above against the norm of ``h_ref = x + r`` rounded to ``x``'s dtype, and ``h`` must equal
     ``h_ref`` exactly, in every element.
+
+    For a norm gradient, ``out`` (and ``ref``) is ``(dx, dweight, dbias)`` (rms_norm:
+    ``(dx, dweight)``): ``dx`` is checked as above; of dweight and dbias only the shape
+    ``(cols,)``.
     """
     if case.op.residual:
         return _check_residual(case, out, ref)
+    if case.op.family == "norm_grad":
+        return _check_norm_grad(case, out, ref)
     return _check_y(case, out, ref)
+
+
+def _check_norm_grad(case: Case, out: Any, ref: Any | None) -> Check:
+    """:func:`check_output` for ``(dx, dweight[, dbias])`` outputs."""
+    names = case.op.grad_outputs
+    if not isinstance(out, tuple | list) or len(out) != len(names):
+        got = f"a {len(out)}-tuple" if isinstance(out, tuple | list) else type(out).__name__
+        return Check(False, float("inf"), f"expected ({', '.join(names)}), got {got}")
+    for name, a in zip(names[1:], out[1:], strict=True):
+        if a is None or tuple(a.shape) != (case.cols,):
+            got = "None" if a is None else f"shape {tuple(a.shape)}"
+            return Check(False, float("inf"), f"{name} is {got}, expected ({case.cols},)")
+    return _check_y(case, out[0], None if ref is None else ref[0])
 
 
 def _check_residual(case: Case, out: Any, ref: Any | None) -> Check:

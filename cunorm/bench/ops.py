@@ -1,10 +1,10 @@
 """The ops the benchmark knows: one :class:`OpSpec` entry per op in :data:`OPS`.
 
-An entry names the cunorm function and its family. The family (``"softmax"``, ``"softmax_grad"``
-or ``"norm"``) is what the peers key on: it says how to call cunorm, PyTorch and JAX, which
-Triton kernel applies and how to compute the float64 reference. A new row-wise op of an existing
-family is one entry; an op that does not fit the row-wise sweep (attention) sets
-``rowwise=False`` and brings its own ``runner``.
+An entry names the cunorm function and its family. The family (``"softmax"``,
+``"softmax_grad"``, ``"norm"`` or ``"norm_grad"``) is what the peers key on: it says how to call
+cunorm, PyTorch and JAX, which Triton kernel applies and how to compute the float64 reference.
+A new row-wise op of an existing family is one entry; an op that does not fit the row-wise sweep
+(attention) sets ``rowwise=False`` and brings its own ``runner``.
 
 A norm with ``residual=True`` is the pre-norm transformer block fused in one pass: a second
 input ``r`` of ``x``'s shape and dtype, ``h = x + r`` rounded to that dtype, and the result is the
@@ -16,6 +16,15 @@ forward's output ``y`` and the output gradient ``dy``. The case's input ``x`` ho
 forward output, see :meth:`OpSpec.forward_reference`) and its second input ``r`` holds ``dy``,
 passed the way the residual norms pass ``r``. It moves three full-size arrays (y and dy read, dx
 written: ``arrays_moved=3``).
+
+The ``"norm_grad"`` family is the backward of layer_norm and rms_norm: ``(dx, dweight, dbias)``
+(rms_norm: ``(dx, dweight)``) from the forward's input ``x``, its weight (and, for layer_norm, a
+bias: the forward's arguments), the output gradient ``dy`` (in ``r``) and the forward's
+statistics. Each implementation gets the statistics of its own library's forward, computed once
+before it is timed (:meth:`OpSpec.cunorm_stats`, :meth:`OpSpec.torch_stats`; JAX's ``jax.vjp``
+recomputes them inside its jitted function). It moves three full-size arrays (x and dy read, dx
+written: ``arrays_moved=3``); the weight, the statistics and dweight/dbias are O(cols) or
+O(rows) and not counted. Only ``dx`` is checked against the float64 reference.
 
 cunorm is imported lazily and every function is looked up by name, so the benchmark keeps
 working while the library grows: an op whose function does not exist yet is reported as
@@ -29,6 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+# The gradient families: the result is computed from the forward's data and ``dy`` (in ``r``).
+GRAD_FAMILIES = ("softmax_grad", "norm_grad")
 
 # Error bound per dtype (DESIGN.md section 3), as max |out - ref| over a row divided by
 # max |ref| over that row.
@@ -89,27 +101,32 @@ class OpSpec:
         CLI name, also used in file names.
     cunorm_attr : str
         Attribute of the ``cunorm`` namespace implementing it.
-    family : {"softmax", "softmax_grad", "norm", "attention"}
+    family : {"softmax", "softmax_grad", "norm", "norm_grad", "attention"}
         Selects call conventions, peers, Triton kernel and reference. ``"softmax_grad"`` is the
         backward of (log_)softmax: inputs ``y`` (the forward's output, in the case's ``x``) and
-        ``dy`` (in ``r``), result ``dx``. ``"attention"`` is benchmarked by
-        :mod:`cunorm.bench.attention` (its own shapes, peers and reports).
+        ``dy`` (in ``r``), result ``dx``. ``"norm_grad"`` is the backward of layer_norm /
+        rms_norm: inputs ``x``, the weight (and bias), ``dy`` (in ``r``) and the forward's
+        statistics, result ``(dx, dweight, dbias)`` (rms_norm: ``(dx, dweight)``).
+        ``"attention"`` is benchmarked by :mod:`cunorm.bench.attention` (its own shapes, peers
+        and reports).
     log : bool
         Softmax and softmax_grad families: log_softmax (its backward) instead of softmax.
     rms : bool
-        Norm family: RMS norm (no mean, no bias) instead of layer norm.
+        Norm and norm_grad families: RMS norm (no mean, no bias) instead of layer norm.
     residual : bool
         Norm family: fused residual add. Every implementation gets a second input ``r`` of
         ``x``'s shape and dtype and returns ``(y, h)`` with ``h = x + r`` rounded to that dtype
         and ``y = norm(h)``; cunorm is called with ``residual=r``.
     params : tuple of str
-        Norm family: which of ``"weight"``, ``"bias"`` the op takes (length ``cols``, dtype of x).
+        Norm and norm_grad families: which of ``"weight"``, ``"bias"`` the op (its forward)
+        takes (length ``cols``, dtype of x).
     eps : float
-        Norm family: epsilon, passed explicitly to every implementation so they all agree.
+        Norm and norm_grad families: epsilon, passed explicitly to every implementation (for a
+        gradient: to every forward computing the statistics) so they all agree.
     arrays_moved : int
         Full-size arrays (``rows * cols`` elements) that must cross memory once each, reads
-        and writes together: 2 for ``y = f(x)``, 3 for the softmax gradients (y and dy read,
-        dx written), 4 for the residual norms. GB/s counts these.
+        and writes together: 2 for ``y = f(x)``, 3 for the gradients (y or x, and dy read, dx
+        written), 4 for the residual norms. GB/s counts these.
     rowwise : bool
         Part of the ``(rows, cols)`` sweep and of ``all``.
     extra_cases : tuple of ExtraCase
@@ -134,8 +151,23 @@ class OpSpec:
     @property
     def second_input(self) -> bool:
         """Whether every implementation reads a second full-size input ``r`` of ``x``'s shape
-        and dtype: the residual of the residual norms, ``dy`` of the softmax gradients."""
-        return self.residual or self.family == "softmax_grad"
+        and dtype: the residual of the residual norms, ``dy`` of the gradients."""
+        return self.residual or self.grad
+
+    @property
+    def grad(self) -> bool:
+        """A gradient (softmax_grad or norm_grad family): ``r`` holds ``dy``."""
+        return self.family in GRAD_FAMILIES
+
+    @property
+    def forward_attr(self) -> str:
+        """Norm_grad family: the cunorm forward whose statistics the gradient takes."""
+        return "rms_norm" if self.rms else "layer_norm"
+
+    @property
+    def grad_outputs(self) -> tuple[str, ...]:
+        """Norm_grad family: the names of the results, in order."""
+        return ("dx", "dweight") if self.rms else ("dx", "dweight", "dbias")
 
     # -- cunorm ---------------------------------------------------------------------------------
     def resolve(self) -> tuple[Callable[..., Any] | None, str]:
@@ -158,19 +190,47 @@ class OpSpec:
             return None, (
                 f"cunorm.{self.cunorm_attr} takes no causal= argument yet; {self.name} skipped"
             )
+        if self.family == "norm_grad":
+            fwd = getattr(cunorm, self.forward_attr, None)
+            if fwd is None or not _takes_keyword(fwd, "return_stats"):
+                return None, (
+                    f"cunorm.{self.forward_attr} does not return its statistics "
+                    f"(return_stats=True) yet; {self.name} skipped"
+                )
         return fn, ""
 
-    def call(self, fn: Callable[..., Any], x: Any, w: Any, b: Any, axis: int, r: Any = None) -> Any:
+    def cunorm_stats(self, x: Any, w: Any, b: Any, axis: int) -> tuple[Any, ...]:
+        """Norm_grad family: ``(mean, rstd)`` (rms_norm: ``(rstd,)``) from cunorm's forward
+        on ``x`` with the case's weight (and bias), ``return_stats=True``; any array kind."""
+        import cunorm
+
+        fwd = getattr(cunorm, self.forward_attr)
+        args = [x, w] + ([b] if "bias" in self.params else [])
+        return tuple(fwd(*args, axis=axis, eps=self.eps, return_stats=True)[1:])
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        x: Any,
+        w: Any,
+        b: Any,
+        axis: int,
+        r: Any = None,
+        stats: tuple[Any, ...] = (),
+    ) -> Any:
         """Call cunorm (or its NumPy path) the way a user would.
 
         Returns ``y``, or the pair ``(y, h)`` for a residual op (``r`` is then required). For
         the softmax_grad family ``x`` is the forward's output ``y`` and ``r`` is ``dy``; the
-        result is ``dx``.
+        result is ``dx``. For the norm_grad family ``r`` is ``dy`` and ``stats`` the forward's
+        statistics (:meth:`cunorm_stats`); the result is :attr:`grad_outputs`.
         """
         if self.family == "softmax":
             return fn(x, axis=axis)
         if self.family == "softmax_grad":
             return fn(x, r, axis=axis)
+        if self.family == "norm_grad":
+            return fn(r, x, *stats, w, axis=axis)
         args = [x, w] + ([b] if "bias" in self.params else [])
         if self.residual:
             return fn(*args, axis=axis, eps=self.eps, residual=r)
@@ -185,6 +245,14 @@ class OpSpec:
             return f"`cunorm.{self.cunorm_attr}(x, axis=axis)`"
         if self.family == "softmax_grad":
             return f"`cunorm.{self.cunorm_attr}(y, dy, axis=axis)`"
+        if self.family == "norm_grad":
+            stats = "rstd" if self.rms else "mean, rstd"
+            fwd_args = "x, w" if self.rms else "x, w, b"
+            return (
+                f"`cunorm.{self.cunorm_attr}(dy, x, {stats}, w, axis=axis)` on the statistics of "
+                f"`cunorm.{self.forward_attr}({fwd_args}, eps={self.eps:g}, return_stats=True)`, "
+                "computed once before timing"
+            )
         args = ", ".join(["x", "w"] + (["b"] if "bias" in self.params else []))
         extra = ", residual=r" if self.residual else ""
         return f"`cunorm.{self.cunorm_attr}({args}, eps={self.eps:g}{extra})`"
@@ -195,13 +263,19 @@ class OpSpec:
         """Softmax_grad family: the ``torch.ops.aten`` op torch's autograd runs for it."""
         return "_log_softmax_backward_data" if self.log else "_softmax_backward_data"
 
-    def torch_fn(self, torch: Any) -> Callable[[Any, Any, Any, Any, int], Any]:
+    def torch_fn(self, torch: Any) -> Callable[..., Any]:
         """``f(t, weight, bias, residual, dim)`` in PyTorch eager (also what ``torch.compile``
         compiles). ``residual`` is None except for residual ops, where ``f`` returns
         ``(norm(t + residual), t + residual)``, and the softmax gradients, where ``t`` is ``y``,
-        ``residual`` is ``dy`` and ``f`` returns ``dx`` from :attr:`aten_grad`."""
+        ``residual`` is ``dy`` and ``f`` returns ``dx`` from :attr:`aten_grad`.
+
+        Norm_grad family: ``f(t, weight, bias, dy, dim, stats)`` with ``stats`` from
+        :meth:`torch_stats`, returning :attr:`grad_outputs` (see :meth:`torch_grad_label`).
+        """
         F = torch.nn.functional
         eps = self.eps
+        if self.family == "norm_grad":
+            return self._torch_norm_grad(torch)
         if self.family == "softmax":
             if self.log:
                 return lambda t, w, b, r, dim: torch.log_softmax(t, dim)
@@ -230,14 +304,87 @@ class OpSpec:
             return fused
         return lambda t, w, b, r, dim: norm(t, w, b)
 
+    def _torch_norm_grad(self, torch: Any) -> Callable[..., Any]:
+        """:meth:`torch_fn` for the norm_grad family."""
+        aten = torch.ops.aten
+        if not self.rms:
+            # What autograd runs for F.layer_norm; every output requested, as with a weight and
+            # a bias that require grad.
+            def layer(t: Any, w: Any, b: Any, dy: Any, dim: int, stats: Any) -> Any:
+                mean, rstd = stats
+                return aten.native_layer_norm_backward(
+                    dy, t, [t.shape[-1]], mean, rstd, w, b, [True, True, True]
+                )
+
+            return layer
+        if torch_fused_rms(torch):
+
+            def fused(t: Any, w: Any, b: Any, dy: Any, dim: int, stats: Any) -> Any:
+                return aten._fused_rms_norm_backward(
+                    dy, t, [t.shape[-1]], stats[0], w, [True, True]
+                )
+
+            return fused
+
+        def formula(t: Any, w: Any, b: Any, dy: Any, dim: int, stats: Any) -> Any:
+            # No fused rms_norm backward in this torch: the formula in eager ops, in rstd's
+            # dtype (float32; float64 for float64 inputs).
+            (rstd,) = stats
+            ct = rstd.dtype
+            xhat = t.to(ct) * rstd
+            dyf = dy.to(ct)
+            g = dyf * w.to(ct)
+            dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+            dw = (dyf * xhat).reshape(-1, t.shape[-1]).sum(0)
+            return dx.to(t.dtype), dw.to(t.dtype)
+
+        return formula
+
+    def torch_stats(self, torch: Any, t: Any, w: Any, b: Any) -> tuple[Any, ...]:
+        """Norm_grad family: torch's own forward statistics of ``t`` (last axis), computed once
+        before timing: ``(mean, rstd)`` of ``aten.native_layer_norm``, ``(rstd,)`` of
+        ``aten._fused_rms_norm``, or (a torch without it) ``rsqrt(mean(x²) + eps)`` in float32
+        (float64 for float64 ``t``); each shaped ``(rows, 1)``."""
+        aten = torch.ops.aten
+        shape = [t.shape[-1]]
+        if not self.rms:
+            _, mean, rstd = aten.native_layer_norm(t, shape, w, b, self.eps)
+            return mean, rstd
+        if torch_fused_rms(torch):
+            return (aten._fused_rms_norm(t, shape, w, self.eps)[1],)
+        tf = t.to(torch.promote_types(t.dtype, torch.float32))
+        return (torch.rsqrt((tf * tf).mean(-1, keepdim=True) + self.eps),)
+
+    def torch_grad_label(self, torch: Any) -> str:
+        """Norm_grad family: what the torch peers run, for the notes."""
+        if not self.rms:
+            return (
+                "torch.ops.aten.native_layer_norm_backward(dy, x, [cols], mean, rstd, w, b, "
+                "[True, True, True]) on the mean and rstd of aten.native_layer_norm"
+            )
+        if torch_fused_rms(torch):
+            return (
+                "torch.ops.aten._fused_rms_norm_backward(dy, x, [cols], rstd, w, [True, True]) "
+                "on the rstd of aten._fused_rms_norm"
+            )
+        return (
+            "this torch has no CUDA aten._fused_rms_norm_backward: rms_norm_backward runs the "
+            "gradient formula in float32 torch ops instead (xhat = x·rstd, g = dy·w, "
+            "dx = rstd·(g − xhat·mean(g·xhat)), dw = Σ dy·xhat) on rstd = rsqrt(mean(x²) + eps) "
+            "computed in float32 before timing"
+        )
+
     def jax_fn(self, jax: Any, axis: int) -> Callable[[Any, Any, Any, Any], Any]:
         """``f(x, weight, bias, residual)`` in JAX, to be wrapped in ``jax.jit``.
 
         The norms and the softmax gradients are written out in ``jnp`` (JAX has no fused op
         for them), computing in float32 for 16-bit inputs as the other implementations do.
         ``residual`` is None except for residual ops, where ``f`` returns
-        ``(norm(x + residual), x + residual)``, and the softmax gradients, where ``x`` is ``y``,
-        ``residual`` is ``dy`` and ``f`` returns ``dx``.
+        ``(norm(x + residual), x + residual)``, and the gradients, where ``residual`` is
+        ``dy``: for the softmax gradients ``x`` is ``y`` and ``f`` returns ``dx``; for the
+        norm gradients ``f`` is ``jax.vjp`` of the ``jnp`` norm with respect to ``x``, the
+        weight (and the bias), applied to ``dy``, returning :attr:`grad_outputs` (under
+        ``jax.jit`` the forward's statistics are recomputed inside the function).
         """
         jnp = jax.numpy
         eps = self.eps
@@ -267,6 +414,17 @@ class OpSpec:
                 y = y + b.astype(ct)
             return y.astype(x.dtype)
 
+        if self.family == "norm_grad":
+
+            def vjp(x: Any, w: Any, b: Any, dy: Any) -> Any:
+                if b is None:
+                    _, pull = jax.vjp(lambda x, w: norm(x, w, None), x, w)
+                else:
+                    _, pull = jax.vjp(norm, x, w, b)
+                return pull(dy)
+
+            return vjp
+
         if self.residual:
 
             def fused(x: Any, w: Any, b: Any, r: Any) -> tuple[Any, Any]:
@@ -283,13 +441,18 @@ class OpSpec:
         For a residual op, ``x2d`` is the normalized input ``h`` (see :func:`residual_sum`) and
         the result is ``y``; ``h`` itself is checked for exact equality, not here. For the
         softmax_grad family, ``x2d`` is ``y`` and ``r2d`` is ``dy`` (the rounded arrays the
-        implementations read) and the result is ``dx``; the other ops ignore ``r2d``.
+        implementations read) and the result is ``dx``. For the norm_grad family ``r2d`` is
+        ``dy`` and the result is ``dx`` (:func:`norm_grad_dx`, statistics in float64 from
+        ``x2d``). The other ops ignore ``r2d``.
         """
         x = x2d.astype(xp.float64)
         if self.family == "softmax":
             return softmax_f64(xp, x, self.log)
         if self.family == "softmax_grad":
             return softmax_grad(xp, x, r2d.astype(xp.float64), self.log, -1)
+        if self.family == "norm_grad":
+            w64 = None if w is None else w.astype(xp.float64)
+            return norm_grad_dx(xp, x, r2d.astype(xp.float64), w64, self.rms, self.eps)
         if self.rms:
             y = x / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)
         else:
@@ -310,10 +473,11 @@ class OpSpec:
     def moved_bytes(self, size: int, itemsize: int) -> int:
         """Bytes that must move: each of the op's :attr:`arrays_moved` full-size arrays once
         (input read and output written; for a residual op also ``r`` read and ``h`` written;
-        for a softmax gradient ``y`` and ``dy`` read and ``dx`` written).
+        for a softmax gradient ``y`` and ``dy`` read and ``dx`` written; for a norm gradient
+        ``x`` and ``dy`` read and ``dx`` written).
 
-        Norm weights, biases and statistics are O(cols) or O(rows), negligible next to
-        ``rows * cols``, and are left out so every op is measured on the same scale.
+        Norm weights, biases, statistics and their gradients are O(cols) or O(rows), negligible
+        next to ``rows * cols``, and are left out so every op is measured on the same scale.
         """
         return self.arrays_moved * size * itemsize
 
@@ -334,6 +498,44 @@ def softmax_grad(xp: Any, y: Any, dy: Any, log: bool, axis: int) -> Any:
     if log:
         return dy - xp.exp(y) * dy.sum(axis=axis, keepdims=True)
     return y * (dy - (y * dy).sum(axis=axis, keepdims=True))
+
+
+def norm_grad_dx(xp: Any, x: Any, dy: Any, w: Any, rms: bool, eps: float) -> Any:
+    """``dx`` of layer_norm (``rms``: rms_norm) over the last axis of ``x`` (NumPy or CuPy),
+    in ``x``'s dtype, with the statistics computed from ``x`` itself: ``xhat = (x - mean)·rstd``
+    (rms: ``x·rstd``), ``g = dy·w`` (``dy`` without a weight) and
+    ``dx = rstd·(g - mean(g) - xhat·mean(g·xhat))`` (rms: without ``mean(g)``)."""
+    xc = x if rms else x - x.mean(axis=-1, keepdims=True)
+    rstd = 1 / xp.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    xhat = xc * rstd
+    g = dy if w is None else dy * w
+    c = (g * xhat).mean(axis=-1, keepdims=True)
+    if rms:
+        return rstd * (g - xhat * c)
+    return rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * c)
+
+
+def torch_fused_rms(torch: Any) -> bool:
+    """Whether ``torch`` runs ``aten._fused_rms_norm`` and ``aten._fused_rms_norm_backward``
+    (on CUDA where it has a GPU, else on the CPU): tried once on a tiny tensor, since an op can
+    exist without a kernel for the device."""
+    key = id(torch)
+    if key not in _FUSED_RMS:
+        aten = torch.ops.aten
+        ok = hasattr(aten, "_fused_rms_norm") and hasattr(aten, "_fused_rms_norm_backward")
+        if ok:
+            try:
+                dev = "cuda" if torch.cuda.is_available() else "cpu"
+                x = torch.ones((2, 4), device=dev)
+                _, rstd = aten._fused_rms_norm(x, [4], x[0], 1e-6)
+                aten._fused_rms_norm_backward(x, x, [4], rstd, x[0], [True, True])
+            except Exception:
+                ok = False
+        _FUSED_RMS[key] = ok
+    return _FUSED_RMS[key]
+
+
+_FUSED_RMS: dict[int, bool] = {}
 
 
 def residual_sum(x: Any, r: Any) -> Any:
@@ -407,6 +609,26 @@ OPS: dict[str, OpSpec] = {
     ),
     "log_softmax_backward": OpSpec(
         "log_softmax_backward", "log_softmax_backward", "softmax_grad", log=True, arrays_moved=3
+    ),
+    # Backward of layer_norm / rms_norm: (dx, dweight[, dbias]) from x, the weight (the
+    # forward's bias for layer_norm), dy and the forward's statistics; x and dy read, dx written.
+    # No extra layouts, as for the softmax gradients.
+    "layer_norm_backward": OpSpec(
+        "layer_norm_backward",
+        "layer_norm_backward",
+        "norm_grad",
+        params=("weight", "bias"),
+        eps=1e-5,
+        arrays_moved=3,
+    ),
+    "rms_norm_backward": OpSpec(
+        "rms_norm_backward",
+        "rms_norm_backward",
+        "norm_grad",
+        rms=True,
+        params=("weight",),
+        eps=1e-6,
+        arrays_moved=3,
     ),
     # Not row-wise: its own sweep (FlashAttention convention, decoding, peak memory), peers
     # (torch SDPA backends, JAX) and reports, in cunorm.bench.attention.

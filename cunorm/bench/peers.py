@@ -4,7 +4,8 @@ A peer is built once per run (its constructor imports its library and fails if t
 or a GPU backend is missing: the peer is then dropped with the reason logged) and asked for a
 callable per case (:meth:`Peer.build`; a case it does not cover raises
 :class:`PeerUnavailable`, shown as '—'). The callable returns its output so the correctness
-guard can check it before it is timed.
+guard can check it before it is timed. A callable may carry a ``note`` attribute (what it
+runs, where that depends on the installed version), which the sweep adds to the run notes.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ class TorchEager(Peer):
     ``F.rms_norm`` (with weight, and bias for layer_norm); for the residual norms
     ``h = t + r`` then the norm of ``h``, returning ``(y, h)`` (two kernels); for the softmax
     gradients ``torch.ops.aten._softmax_backward_data(dy, y, dim, y.dtype)`` (or
-    ``_log_softmax_backward_data``), what autograd runs."""
+    ``_log_softmax_backward_data``), what autograd runs; for the norm gradients
+    ``torch.ops.aten.native_layer_norm_backward`` / ``_fused_rms_norm_backward`` on the
+    statistics of torch's forward, computed before timing (see
+    :meth:`~cunorm.bench.ops.OpSpec.torch_grad_label`)."""
 
     name = "torch"
 
@@ -88,10 +92,7 @@ class TorchEager(Peer):
         self.torch = import_torch_cuda()
 
     def build(self, case: Case) -> Callable[[], Any]:
-        f = case.op.torch_fn(self.torch)
-        t, w, b, r = case.torch()
-        dim = case.axis
-        return lambda: f(t, w, b, r, dim)
+        return _with_note(case, self.torch, case.op.torch_fn(self.torch))
 
 
 class TorchCompile(Peer):
@@ -100,7 +101,9 @@ class TorchCompile(Peer):
     One compiled function per (op, dtype); Dynamo recompiles it for each new shape, which the
     first, untimed call of each case pays. For the residual norms Inductor fuses the add into
     the norm kernel (one pass writing y and h), which makes it the strongest peer there; for
-    the softmax gradients it generates one fused Triton kernel from the aten op's decomposition.
+    the softmax gradients it generates one fused Triton kernel from the aten op's decomposition,
+    and for the norm gradients Triton code from the backward op's decomposition (on torch's
+    forward statistics, shared with the eager peer).
     """
 
     name = "torch.compile"
@@ -128,10 +131,21 @@ class TorchCompile(Peer):
         key = (case.op.name, case.dtype)
         if key not in self._compiled:
             self._compiled[key] = self.torch.compile(case.op.torch_fn(self.torch), dynamic=False)
-        f = self._compiled[key]
-        t, w, b, r = case.torch()
-        dim = case.axis
-        return lambda: f(t, w, b, r, dim)
+        return _with_note(case, self.torch, self._compiled[key])
+
+
+def _with_note(case: Case, torch: Any, f: Callable[..., Any]) -> Callable[[], Any]:
+    """``f`` applied to the case's torch arguments (:meth:`Case.torch_args`: for a norm
+    gradient these include torch's forward statistics, computed here, before timing); for
+    rms_norm_backward the callable's ``note`` says which torch backward it runs."""
+    args = case.torch_args()
+
+    def call() -> Any:
+        return f(*args)
+
+    if case.op.family == "norm_grad" and case.op.rms:
+        call.note = case.op.torch_grad_label(torch)  # type: ignore[attr-defined]
+    return call
 
 
 class Cupyx(Peer):
@@ -150,6 +164,10 @@ class Cupyx(Peer):
             raise PeerUnavailable(
                 f"cupyx.scipy.special has no softmax gradient; {case.op.name} not timed"
             )
+        if case.op.family == "norm_grad":
+            raise PeerUnavailable(
+                f"cupyx.scipy.special has no norms and no norm gradient; {case.op.name} not timed"
+            )
         if case.op.family != "softmax":
             raise PeerUnavailable(f"cupyx.scipy.special has no {case.op.name}")
         if case.dtype == "bfloat16":
@@ -165,7 +183,9 @@ class Cupyx(Peer):
 class Jax(Peer):
     """``jax.jit`` of ``jax.nn.softmax`` / ``log_softmax`` and of norms and softmax gradients
     written in ``jnp`` (with the residual add in the same jitted function for the residual
-    norms), timed with wall clock around ``block_until_ready()`` (includes dispatch)."""
+    norms), and of ``jax.vjp`` of the ``jnp`` norms for the norm gradients (the forward's
+    statistics recomputed inside), timed with wall clock around ``block_until_ready()``
+    (includes dispatch)."""
 
     name = "jax"
     wall_clock = True
@@ -180,7 +200,8 @@ class Jax(Peer):
             self._jitted[key] = self.jax.jit(case.op.jax_fn(self.jax, case.axis))
         f = self._jitted[key]
         x, w, b, r = case.jax()
-        # Residual norms return the pair (y, h): wait for both.
+        # Residual norms return the pair (y, h), norm gradients (dx, dweight[, dbias]): wait for
+        # every array.
         block = getattr(self.jax, "block_until_ready", None) or _block_each
         return lambda: block(f(x, w, b, r))
 
@@ -199,8 +220,8 @@ class Triton(Peer):
 
     def build(self, case: Case) -> Callable[[], Any]:
         k, op = self.k, case.op
-        if op.family == "softmax_grad":
-            # torch.compile's column is the Triton kernel for these (Inductor writes one).
+        if op.grad:
+            # torch.compile's column is the Triton code for these (Inductor writes it).
             raise PeerUnavailable(
                 f"the minimal Triton kernels are forward only (no backward); {op.name} not timed"
             )

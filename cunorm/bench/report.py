@@ -340,6 +340,13 @@ def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
             f" For this op the float64 reference is {formula} (sums over the row) on the same "
             "rounded y and dy the implementations read."
         )
+    elif spec is not None and spec.family == "norm_grad":
+        moved, inputs, guard = _norm_grad_method(spec)
+        triton = (
+            "triton: not timed (the minimal kernels are forward only; torch.compile's column "
+            "is Inductor's Triton code)"
+        )
+        cupyx = "cupyx: not timed (cupyx.scipy.special has no norms and no norm gradients)"
     else:
         moved = (
             f"{arrays}·rows·cols·itemsize / time (norm weights, biases and statistics are "
@@ -366,6 +373,47 @@ def method_paragraph(meta: dict[str, Any], op: str = "softmax") -> str:
         f"against a float64 reference, so PyTorch's own rounding is not blamed on others.{guard} "
         "A failure shows as MISMATCH and never counts as best peer. '—': not covered (see notes)."
     )
+
+
+def _norm_grad_method(spec: Any) -> tuple[str, str, str]:
+    """(bytes and peers, inputs, guard) sentences of :func:`method_paragraph` for a norm
+    gradient (layer_norm_backward, rms_norm_backward)."""
+    if spec.rms:
+        torch_call = (
+            "`torch.ops.aten._fused_rms_norm_backward(dy, x, [cols], rstd, w, [True, True])` "
+            "(what autograd runs) on the rstd of `aten._fused_rms_norm`, computed before "
+            "timing (a torch without these ops on CUDA: the gradient formula in float32 torch "
+            "ops instead, as the notes say)"
+        )
+        outputs, stats = "dx and dweight", "rstd"
+        formula = "dx = rstd·(g − x̂·mean(g·x̂)), g = dy·w, x̂ = x·rstd"
+    else:
+        torch_call = (
+            "`torch.ops.aten.native_layer_norm_backward(dy, x, [cols], mean, rstd, w, b, "
+            "[True, True, True])` (what autograd runs) on the mean and rstd of "
+            "`aten.native_layer_norm`, computed before timing"
+        )
+        outputs, stats = "dx, dweight and dbias", "mean and rstd"
+        formula = "dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·w, x̂ = (x − mean)·rstd"
+    moved = (
+        f"{spec.arrays_moved}·rows·cols·itemsize / time (x and dy read, dx written: three "
+        f"full-size arrays; the weight, the statistics and the weight's gradients are O(cols) "
+        f"or O(rows) and not counted). Every implementation returns {outputs}, on the "
+        f"statistics of its own library's forward. torch eager runs {torch_call}; "
+        "torch.compile the same function compiled (Inductor generates Triton code from the op's "
+        "decomposition); JAX `jax.vjp` of the norm written "
+        "in jnp (float32 for 16-bit inputs) with respect to x and the weight"
+        + ("" if spec.rms else " and bias")
+        + f", applied to dy, all under one `jax.jit` (it recomputes the {stats} from x)"
+    )
+    inputs = f"random normal x, weight{'' if spec.rms else ', bias'} and dy,"
+    guard = (
+        f" For this op dx is checked, against the float64 formula {formula} (means over the "
+        f"row, {stats} computed in float64 from x); of dweight"
+        + ("" if spec.rms else " and dbias")
+        + " only the shape."
+    )
+    return moved, inputs, guard
 
 
 def uuid_suffix(meta: dict[str, Any]) -> str:

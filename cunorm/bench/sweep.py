@@ -300,7 +300,7 @@ class Runner:
         if self._torch is None:
             return None
         try:
-            out = case.op.torch_fn(self._torch)(*case.torch(), case.axis)
+            out = case.op.torch_fn(self._torch)(*case.torch_args())
             synchronize()
             return out
         except Exception as exc:
@@ -321,6 +321,9 @@ class Runner:
                 f"{peer.name} {case.op.name} {label}: {type(exc).__name__}: {first_line(exc)}"
             )
             return Result(status="ERROR", note=first_line(exc))
+        note = getattr(fn, "note", "")
+        if note:  # what the peer runs, where it depends on the installed version
+            self.notes(f"{peer.name}: {note}")
         # torch eager *is* the reference: comparing it with itself proves nothing.
         return self._measure(
             case,
@@ -462,7 +465,10 @@ def run_numpy(
     float32 in every element, ``y`` within tolerance of the norm of that ``h``. For a softmax
     gradient the inputs are ``y`` (the float64 forward of random normal data, rounded to
     float32) and a random normal ``dy``, and ``dx`` is checked against the float64 formula on
-    those same float32 arrays.
+    those same float32 arrays. For a norm gradient the inputs are ``x``, the weight (and bias),
+    a random normal ``dy`` and the statistics of cunorm's forward (NumPy path, computed before
+    timing); the output must be ``(dx, dweight[, dbias])`` and ``dx`` is checked against the
+    float64 formula (statistics in float64 from ``x``).
     """
     from .ops import TOLERANCE, residual_sum
 
@@ -488,9 +494,16 @@ def run_numpy(
             "note": "",
         }
         try:
-            out = op.call(fn, x, w, b, -1, r)
+            stats = op.cunorm_stats(x, w, b, -1) if op.family == "norm_grad" else ()
+            out = op.call(fn, x, w, b, -1, r, stats)
             h_bad = 0
-            if not op.residual:
+            if op.family == "norm_grad":
+                names = op.grad_outputs
+                if not isinstance(out, tuple) or len(out) != len(names):
+                    got = f"a {len(out)}-tuple" if isinstance(out, tuple) else type(out).__name__
+                    raise TypeError(f"returned {got}, expected ({', '.join(names)})")
+                y = out[0]
+            elif not op.residual:
                 y = out
             else:
                 if not isinstance(out, tuple) or len(out) != 2:
@@ -511,7 +524,7 @@ def run_numpy(
                 h_note = f", h != x + r in {h_bad} elements" if h_bad else ""
                 row["note"] = f"error {row['err']:.2e}{h_note}"
                 notes(f"MISMATCH numpy {op.name} float32 {rows}x{cols}: {row['note']}")
-            row["ms"] = host_ms(lambda x=x, w=w, b=b, r=r: op.call(fn, x, w, b, -1, r))
+            row["ms"] = host_ms(lambda x=x, w=w, b=b, r=r, s=stats: op.call(fn, x, w, b, -1, r, s))
             row["gbps"] = gbps(op.moved_bytes(x.size, x.itemsize), row["ms"])
         except Exception as exc:
             row["status"] = "ERROR"
