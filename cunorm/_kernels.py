@@ -127,6 +127,7 @@ def kernel_oracles(device_id: int, arch: int, op_file: str):
 
     return kernel_for, occ
 
+
 def drop_kernels() -> None:
     """Forget every compiled kernel and what was measured of them (occupancy), so that later
     calls compile again: for measurements that swap sources or options in one process."""
