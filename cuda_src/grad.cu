@@ -198,9 +198,16 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
 // mean(g * xhat) then carry no rounding worth counting, as the softmax gradients' sum).
 namespace cunorm {
 
+// CUNORM_NORM_GRAD_WIDE 0 builds float32 rows' arithmetic and column sums in float (their
+// partial rows stay double): a measurement, as the double registers leave one or two
+// 512-thread blocks an SM (benchmarks/NOTES.md, session 77).
+#ifndef CUNORM_NORM_GRAD_WIDE
+#define CUNORM_NORM_GRAD_WIDE 1
+#endif
 template <typename T, bool RMS> struct NormGrad {
   typedef typename ComputeOf<T>::type C;  // the statistics' type
-  typedef typename AccFor<C, T>::type A;  // arithmetic and the column partials
+  typedef typename AccFor<C, T>::type P;  // the partial rows of column sums
+  typedef typename Conditional<CUNORM_NORM_GRAD_WIDE != 0, P, C>::type A;  // arithmetic
 };
 
 // Sum of v over the GROUP threads of a row, in each of them: lanes of one warp (GROUP <= 32),
@@ -242,9 +249,10 @@ template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD
 __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
     const T* dy, const T* x, const typename NormGrad<T, RMS>::C* mean,
     const typename NormGrad<T, RMS>::C* rstd, const T* weight, T* dx,
-    typename NormGrad<T, RMS>::A* partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
+    typename NormGrad<T, RMS>::P* partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
     i64 ld_dx) {
   typedef typename NormGrad<T, RMS>::C C;
+  typedef typename NormGrad<T, RMS>::P P;
   typedef typename NormGrad<T, RMS>::A A;
   constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;
   constexpr int WARP_ROWS = GROUP > 0 && GROUP < 32 ? 32 / GROUP : 1;
@@ -349,8 +357,14 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
     A* stage = reinterpret_cast<A*>(norm_grad_stage);
 #pragma unroll
     for (int which = 0; which < (RMS ? 1 : 2); ++which) {
-      A* dst = partial + (static_cast<i64>(which) * gridDim.x + blockIdx.x) * cols;
-      A* to = ROWS > 1 ? stage + slot * cols : dst;
+      P* dst = partial + (static_cast<i64>(which) * gridDim.x + blockIdx.x) * cols;
+      typedef typename Conditional<(ROWS > 1), A, P>::type To;
+      To* to;
+      if constexpr (ROWS > 1) {
+        to = stage + slot * cols;
+      } else {
+        to = dst;
+      }
 #pragma unroll
       for (int u = 0; u < N; ++u) {
         const i64 j = lane + static_cast<i64>(u) * group;
@@ -384,11 +398,11 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
 template <typename T, bool RMS, bool DIRECT>
 __global__ void __launch_bounds__(1024) norm_grad_cols(
     const T* dy, const T* x, const typename NormGrad<T, RMS>::C* mean,
-    const typename NormGrad<T, RMS>::C* rstd, const typename NormGrad<T, RMS>::A* part_in,
-    typename NormGrad<T, RMS>::A* part_out, T* dweight, T* dbias, i64 rows, i64 cols,
+    const typename NormGrad<T, RMS>::C* rstd, const typename NormGrad<T, RMS>::P* part_in,
+    typename NormGrad<T, RMS>::P* part_out, T* dweight, T* dbias, i64 rows, i64 cols,
     i64 ld_dy, i64 ld_x, i64 chunk) {
   typedef typename NormGrad<T, RMS>::C C;
-  typedef typename NormGrad<T, RMS>::A A;
+  typedef typename NormGrad<T, RMS>::P A;  // the partial rows' type throughout
   __shared__ A sums[2][32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const i64 c = static_cast<i64>(blockIdx.x) * 32 + tx;
