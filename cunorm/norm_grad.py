@@ -125,9 +125,11 @@ def _check(op: str, kind: str, dy, x, mean, rstd, weight, axis):
     norm_shape = tuple(x.shape[a] for a in axes)
     stats_shape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
     stats_dtype = "float64" if name == "float64" else "float32"
-    for arg, arr in (("mean", mean), ("rstd", rstd)):
+    stats = (("rstd", rstd),) if op == "rms_norm_backward" else (("mean", mean), ("rstd", rstd))
+    for arg, arr in stats:
         if arr is None:
-            continue
+            raise TypeError(f"{op}(): {arg} is None; pass the forward's statistics "
+                            "(return_stats=True)")
         if tuple(arr.shape) != stats_shape:
             raise ValueError(f"{op}(): {arg} has shape {tuple(arr.shape)}; expected "
                              f"{stats_shape} (x's shape without the normalized axes)")

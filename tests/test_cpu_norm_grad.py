@@ -96,6 +96,11 @@ def test_bad_inputs():
         rnb(x, x, s.astype(np.float64))
     with pytest.raises(TypeError, match=r"rstd has dtype float32; expected float64"):
         rnb(x.astype(np.float64), x.astype(np.float64), s)
+    with pytest.raises(TypeError, match=r"layer_norm_backward\(\): mean is None; pass the "
+                                        r"forward's statistics \(return_stats=True\)"):
+        lnb(x, x, None, s)
+    with pytest.raises(TypeError, match=r"rms_norm_backward\(\): rstd is None"):
+        rnb(x, x, None)
     with pytest.raises(ValueError, match=r"weight has shape \(3,\); expected \(4,\)"):
         rnb(x, x, s, np.ones(3, np.float32))
     with pytest.raises(TypeError, match=r"weight has dtype float16; expected float32"):
@@ -163,15 +168,18 @@ def test_layout_of_float16_rows(cols, expect):
 
 
 def test_shared_memory_stays_under_48_kb():
-    """The row groups' staged column sums need no opt-in: at most 48 KB a block."""
+    """The row groups' staged column sums need no opt-in: at most 48 KB a block, on every
+    path of either op."""
     for dtype in _dispatch.ITEMSIZE:
-        for cols in range(1, 20000, 7):
-            for align in (1, 16):
-                try:
-                    p = plan(cols, dtype, align=align)
-                except ValueError:
-                    continue
-                assert p.rows.smem <= 48 * 1024, (dtype, cols, p.rows)
+        for op in g.NORM_GRAD_OPS:
+            for force in (None, *g.GRAD_PATHS):
+                for cols in range(1, 20000, 7):
+                    for align in (1, 16):
+                        try:
+                            p = plan(cols, dtype, align=align, op=op, force=force)
+                        except ValueError:
+                            continue
+                        assert p.rows.smem <= 48 * 1024, (dtype, cols, p.rows)
 
 
 def test_holding_grids_are_one_wave_and_long_rows_go_direct():

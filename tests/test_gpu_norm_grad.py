@@ -130,11 +130,12 @@ def test_paths_agree_at_boundaries(op, dtype, cols, monkeypatch):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("cols,with_weight", [(64, True), (1000, False), (3000, True),
-                                              (20000, False)])
-def test_many_rows(op, dtype, cols, with_weight):
-    """Grids that loop over rows: every block's column sums over many rows, added up."""
-    rows = 20001 if cols <= 3000 else 1501
+@pytest.mark.parametrize("cols,with_weight,rows", [(64, True, 200001), (1000, False, 20001),
+                                                   (3000, True, 20001), (20000, False, 1501)])
+def test_many_rows(op, dtype, cols, with_weight, rows):
+    """Grids that loop over rows (200001 rows of 64 columns: 3126 blocks' worth of 64 rows on
+    at most 528 resident blocks, the last pass leaving part of a warp), every block's column
+    sums over many rows, added up."""
     x, dy, w = inputs((rows, cols), dtype, seed=rows + cols, with_weight=with_weight)
     mean, rstd = forward(op, x, w)
     with poisoned_allocations():
@@ -164,11 +165,13 @@ def test_layouts_and_axes(op, dtype):
     (dx, *sums), (ref_dx, *ref_sums) = (backward(op, dy, x, mean, rstd, w, axis=0),
                                         reference(op, dy, x, mean, rstd, w, axis=0))
     check(op, dtype, [dx.T, *sums], [ref_dx.T, *ref_sums], "axis 0")  # rows: x's columns
-    big, dbig, w = inputs((30, 300), dtype, seed=3, norm_shape=(256,))
-    x, dy = big[:, 10:266], dbig.T.copy().T[:, 20:276]  # row strides 300, not contiguous
-    mean, rstd = forward(op, x, w)
-    check(op, dtype, backward(op, dy, x, mean, rstd, w),
-          reference(op, dy, x, mean, rstd, w), "strided rows")
+    big, dbig, w = inputs((30, 304), dtype, seed=3, norm_shape=(256,))
+    for x, dy in ((big[:, 10:266], dbig[:, 20:276]),  # row strides 304: narrow packs
+                  (big[:, 8:264], dbig[:, 16:272]),  # row strides 304, 16-byte packs
+                  (big[:, 8:264], dbig.T.copy().T[:, 16:272])):  # dy column-major: copied
+        mean, rstd = forward(op, x, w)
+        check(op, dtype, backward(op, dy, x, mean, rstd, w),
+              reference(op, dy, x, mean, rstd, w), f"strided rows {x.strides} {dy.strides}")
 
 
 def test_empty_and_bad_gpu_inputs():
