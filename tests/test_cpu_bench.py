@@ -450,6 +450,7 @@ def test_make_timer_rejects_unknown_choice() -> None:
 
 # -- softmax_backward / log_softmax_backward (the softmax_grad family) ----------------------------
 GRAD_OPS = ("softmax_backward", "log_softmax_backward")
+NORM_GRAD_OPS = ("layer_norm_backward", "rms_norm_backward")
 
 
 def _numpy_cupy() -> Any:
@@ -606,7 +607,19 @@ def test_grad_method_paragraph() -> None:
     assert "cupyx: `cupyx.scipy.special`" in method_paragraph({"timer": "events"}, "softmax")
 
 
-@pytest.mark.parametrize("name", GRAD_OPS)
+def _without_sums(op: Any) -> Any:
+    """An implementation of a gradient op that drops its row sums: the guard must call it a
+    MISMATCH."""
+    if op.family == "softmax_grad":
+        return lambda y, dy, axis: dy
+
+    def no_sums(dy: Any, x: Any, *rest: Any, axis: int = -1) -> Any:
+        return (dy, rest[-1]) if op.rms else (dy, rest[-1], rest[-1])
+
+    return no_sums
+
+
+@pytest.mark.parametrize("name", [*GRAD_OPS, *NORM_GRAD_OPS])
 def test_grad_numpy_fallback(name: str) -> None:
     from cunorm.bench.sweep import Notes, run_numpy
     from cunorm.bench.timing import gbps
@@ -620,8 +633,11 @@ def test_grad_numpy_fallback(name: str) -> None:
     assert [r["status"] for r in rows] == ["ok", "ok"] and not notes.lines
     for r in rows:
         assert r["err"] < 2e-6 and r["gbps"] == gbps(3 * r["rows"] * r["cols"] * 4, r["ms"])
-    rows = run_numpy(op, lambda y, dy, axis: dy, [32], notes)  # the sum term dropped
+    rows = run_numpy(op, _without_sums(op), [32], notes)
     assert rows[0]["status"] == "MISMATCH" and "MISMATCH" in notes.lines[0]
+    if op.family == "norm_grad":  # dx alone, not the tuple
+        rows = run_numpy(op, lambda dy, x, *rest, axis=-1: dy, [32], notes)
+        assert rows[0]["status"] == "ERROR" and "expected (dx, dweight" in rows[0]["note"]
 
 
 def test_grad_no_gpu_command(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
@@ -639,7 +655,6 @@ def test_grad_no_gpu_command(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> No
 
 
 # -- layer_norm_backward / rms_norm_backward (the norm_grad family) --------------------------------
-NORM_GRAD_OPS = ("layer_norm_backward", "rms_norm_backward")
 
 
 def _fd_grad(op: OpSpec, x: np.ndarray, w: np.ndarray, b: Any, dy: np.ndarray) -> np.ndarray:
@@ -927,30 +942,6 @@ def test_norm_grad_method_paragraph() -> None:
                  "formula in float32 torch ops", "dx = rstd·(g − x̂·mean(g·x̂))",
                  "random normal x, weight and dy", "of dweight only the shape"):  # fmt: skip
         assert part in text, part
-
-
-@pytest.mark.parametrize("name", NORM_GRAD_OPS)
-def test_norm_grad_numpy_fallback(name: str) -> None:
-    from cunorm.bench.sweep import Notes, run_numpy
-    from cunorm.bench.timing import gbps
-
-    op = OPS[name]
-    fn, why = op.resolve()
-    assert fn is not None, why
-    notes = Notes()
-    notes.sink = lambda m: None
-    rows = run_numpy(op, fn, [32, 1000], notes)
-    assert [r["status"] for r in rows] == ["ok", "ok"] and not notes.lines
-    for r in rows:
-        assert r["err"] < 2e-6 and r["gbps"] == gbps(3 * r["rows"] * r["cols"] * 4, r["ms"])
-
-    def no_sums(dy: Any, x: Any, *rest: Any, axis: int = -1) -> Any:
-        return (dy, rest[-1]) if op.rms else (dy, rest[-1], rest[-1])
-
-    rows = run_numpy(op, no_sums, [32], notes)
-    assert rows[0]["status"] == "MISMATCH" and "MISMATCH" in notes.lines[0]
-    rows = run_numpy(op, lambda dy, x, *rest, axis=-1: dy, [32], notes)
-    assert rows[0]["status"] == "ERROR" and "expected (dx, dweight" in rows[0]["note"]
 
 
 def test_norm_grad_no_gpu_command(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
