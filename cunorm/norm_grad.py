@@ -19,6 +19,7 @@ from ._cache import BoundedCache
 from ._device import device_props
 from ._driver_launch import POINTER, KernelLaunch
 from ._kernels import kernel_oracles
+from .norm import _rows_view
 
 # (device, op, dtype, rows, cols, row strides, align, forced path)
 #   -> (NormGradPlan, the rows' KernelLaunch, the DIRECT columns' or None, the final columns')
@@ -166,8 +167,6 @@ def _norm_grad_cupy(op: str, dy, x, mean, rstd, weight, axis):
     k = len(axes)
     perm = [i for i in range(x.ndim) if i not in axes] + list(axes)
     trailing = perm == list(range(x.ndim))
-    from .norm import _rows_view
-
     xs, ldx = _rows_view(x if trailing else x.transpose(perm), k)
     dys, lddy = _rows_view(dy if trailing else dy.transpose(perm), k)
     dx = cupy.empty(xs.shape, x.dtype)
