@@ -265,8 +265,12 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
   const i64 step = static_cast<i64>(gridDim.x) * ROWS;
   A col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
   for (i64 base = static_cast<i64>(blockIdx.x) * ROWS; base < rows; base += step) {
-    // A warp (a row group past 32 lanes) leaves as a whole: once its first row is past the end.
-    if (base + (slot - slot % WARP_ROWS) >= rows) break;
+    // A warp of lane groups leaves as a whole, once its first row is past the end. Row groups
+    // past 32 lanes stay to the block's last round (their rows past the end do no loads or
+    // stores): a group that left early waited at the staging's __syncthreads while others
+    // still met on their named barriers, which compute-sanitizer racecheck reported as 245
+    // hazards between the staged rows' writes and reads (session 78; none since).
+    if (GROUP <= 32 && base + (slot - slot % WARP_ROWS) >= rows) break;
     const i64 row = base + slot;
     const bool valid = row < rows;
     const T* dyr = dy + row * ld_dy;
