@@ -194,20 +194,22 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
 //   g = dy * weight (dy without a weight), xhat = (x - mean) * rstd (rms_norm: x * rstd)
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (rms_norm: no mean(g) term)
 //   dweight = sum over rows of dy * xhat, dbias = sum over rows of dy.
-// 16-bit rows work in float, float32 and float64 rows in double (AccFor: mean(g) and
-// mean(g * xhat) then carry no rounding worth counting, as the softmax gradients' sum).
+// The row sums mean(g) and mean(g * xhat) are added in AccFor (double for float32 rows:
+// they then carry no rounding worth counting, as the softmax gradients' sum); NormGrad says
+// the rest.
 namespace cunorm {
 
-// CUNORM_NORM_GRAD_WIDE 0 builds float32 rows' arithmetic and column sums in float (their
-// partial rows stay double): a measurement, as the double registers leave one or two
-// 512-thread blocks an SM (benchmarks/NOTES.md, session 77).
-#ifndef CUNORM_NORM_GRAD_WIDE
-#define CUNORM_NORM_GRAD_WIDE 1
-#endif
-template <typename T, bool RMS> struct NormGrad {
-  typedef typename ComputeOf<T>::type C;  // the statistics' type
-  typedef typename AccFor<C, T>::type P;  // the partial rows of column sums
-  typedef typename Conditional<CUNORM_NORM_GRAD_WIDE != 0, P, C>::type A;  // arithmetic
+// The types of a row kernel. 16-bit rows work in float and float64 rows in double. float32
+// rows work in double where WIDE (rows of a few columns: the planner's NORM_GRAD_WIDE_BELOW),
+// else each element and a thread's column sums in float (the double registers left one or
+// two 512-thread blocks an SM: 0.60-0.98x of float on rows of 64-8192 columns, session 78)
+// and the row sums in double (the product of two floats is exact in double). Short rows keep
+// double: dx is g less its projection on 1 and xhat, and on a few columns that difference can
+// be a small part of g, which float arithmetic then leaves with a large relative error.
+template <typename T, bool RMS, bool WIDE = true> struct NormGrad {
+  typedef typename ComputeOf<T>::type C;   // the statistics' type
+  typedef typename AccFor<C, T>::type P;   // the row sums and the partial rows of column sums
+  typedef typename Conditional<WIDE, P, C>::type A;  // each element and its column sums
 };
 
 // Sum of v over the GROUP threads of a row, in each of them: lanes of one warp (GROUP <= 32),
@@ -245,25 +247,27 @@ __device__ __forceinline__ V row_group_sum(V v, V* scratch) {
 // Without HOLD a row is read twice (the sums, then the write) and nothing else is written;
 // norm_grad_cols takes the columns from x and dy then. Every pack is whole (PACK divides
 // cols). In place (dx = dy or dx = x) is safe as for softmax_grad.
-template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD>
+template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD, bool WIDE>
 __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
     const T* dy, const T* x, const typename NormGrad<T, RMS>::C* mean,
     const typename NormGrad<T, RMS>::C* rstd, const T* weight, T* dx,
     typename NormGrad<T, RMS>::P* partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
     i64 ld_dx) {
-  typedef typename NormGrad<T, RMS>::C C;
-  typedef typename NormGrad<T, RMS>::P P;
-  typedef typename NormGrad<T, RMS>::A A;
+  typedef typename NormGrad<T, RMS, WIDE>::C C;
+  typedef typename NormGrad<T, RMS, WIDE>::P P;
+  typedef typename NormGrad<T, RMS, WIDE>::A A;
+  typedef P S;  // the row sums
+  typedef A K;  // a thread's column sums
   constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;
   constexpr int WARP_ROWS = GROUP > 0 && GROUP < 32 ? 32 / GROUP : 1;
-  __shared__ Sum2<A> scratch[33];
+  __shared__ Sum2<S> scratch[33];
   const int group = GROUP > 0 ? GROUP : static_cast<int>(blockDim.x);
   const int lane = threadIdx.x % group;
   const int slot = threadIdx.x / group;
   const i64 npacks = cols / PACK;
-  const A inv_cols = A(1) / static_cast<A>(cols);
+  const S inv_cols = S(1) / static_cast<S>(cols);
   const i64 step = static_cast<i64>(gridDim.x) * ROWS;
-  A col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
+  K col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
   for (i64 base = static_cast<i64>(blockIdx.x) * ROWS; base < rows; base += step) {
     // A warp of lane groups leaves as a whole, once its first row is past the end. Row groups
     // past 32 lanes stay to the block's last round (their rows past the end do no loads or
@@ -312,24 +316,25 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
         }
       }
     };
-    Sum2<A> acc = {A(0), A(0)};  // sum of g, sum of g * xhat
+    Sum2<S> acc = {S(0), S(0)};  // sum of g, sum of g * xhat
     const auto add = [&acc](int, i64, const C*, const A* xh, const A* g) {
 #pragma unroll
       for (int i = 0; i < PACK; ++i) {
-        if (!RMS) acc.a += g[i];
-        acc.b += g[i] * xh[i];
+        if (!RMS) acc.a += static_cast<S>(g[i]);
+        acc.b += static_cast<S>(g[i]) * static_cast<S>(xh[i]);
       }
     };
-    const auto write = [&](Sum2<A> s, bool columns) {
-      const A mean_g = s.a * inv_cols, mean_gx = s.b * inv_cols;
+    const auto write = [&](Sum2<S> s, bool columns) {
+      const A mean_g = static_cast<A>(s.a * inv_cols);
+      const A mean_gx = static_cast<A>(s.b * inv_cols);
       return [&, mean_g, mean_gx, columns](int u, i64 j, const C* b, const A* xh, const A* g) {
         Pack<T, PACK> o;
 #pragma unroll
         for (int i = 0; i < PACK; ++i) {
           o.v[i] = from_compute<T>(static_cast<C>(rs * (g[i] - mean_g - xh[i] * mean_gx)));
           if (HOLD && columns) {
-            col_w[HOLD ? u : 0][i] += static_cast<A>(b[i]) * xh[i];
-            if (!RMS) col_b[HOLD && !RMS ? u : 0][i] += static_cast<A>(b[i]);
+            col_w[HOLD ? u : 0][i] += static_cast<K>(static_cast<A>(b[i]) * xh[i]);
+            if (!RMS) col_b[HOLD && !RMS ? u : 0][i] += static_cast<K>(b[i]);
           }
         }
         store_pack<T, PACK>(dxr + j * PACK, o);
@@ -339,7 +344,7 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
       Pack<T, PACK> px[N], pd[N];
       fetch(lane, px, pd);
       packs(lane, px, pd, add);
-      const Sum2<A> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
+      const Sum2<S> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
       packs(lane, px, pd, write(s, true));
     } else {
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
@@ -347,7 +352,7 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
         fetch(j0, px, pd);
         packs(j0, px, pd, add);
       }
-      const Sum2<A> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
+      const Sum2<S> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
         Pack<T, PACK> px[N], pd[N];
         fetch(j0, px, pd);
@@ -358,31 +363,25 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
   if constexpr (HOLD) {
     // The block's column sums, rows (slots) added in slot order, to its partial rows.
     extern __shared__ __align__(16) unsigned char norm_grad_stage[];
-    A* stage = reinterpret_cast<A*>(norm_grad_stage);
+    P* stage = reinterpret_cast<P*>(norm_grad_stage);
 #pragma unroll
     for (int which = 0; which < (RMS ? 1 : 2); ++which) {
       P* dst = partial + (static_cast<i64>(which) * gridDim.x + blockIdx.x) * cols;
-      typedef typename Conditional<(ROWS > 1), A, P>::type To;
-      To* to;
-      if constexpr (ROWS > 1) {
-        to = stage + slot * cols;
-      } else {
-        to = dst;
-      }
+      P* const to = ROWS > 1 ? stage + slot * cols : dst;
 #pragma unroll
       for (int u = 0; u < N; ++u) {
         const i64 j = lane + static_cast<i64>(u) * group;
         if (j < npacks) {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) {
-            to[j * PACK + i] = which == 0 ? col_w[u][i] : col_b[RMS ? 0 : u][i];
+            to[j * PACK + i] = static_cast<P>(which == 0 ? col_w[u][i] : col_b[RMS ? 0 : u][i]);
           }
         }
       }
       if constexpr (ROWS > 1) {
         __syncthreads();
         for (i64 c = threadIdx.x; c < cols; c += BLOCK) {
-          A t = stage[c];
+          P t = stage[c];
 #pragma unroll 4
           for (int r = 1; r < ROWS; ++r) t += stage[r * cols + c];
           dst[c] = t;

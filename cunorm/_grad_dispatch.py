@@ -209,12 +209,32 @@ NORM_GRAD_GROUP_MAX = 256
 #: (misaligned rows) keep one a thread: two spilled float64 kernels of scalar packs.
 NORM_GRAD_BLOCK_MAX_THREADS = 1024
 NORM_GRAD_BLOCK_MAX_PACKS = {"layer_norm_backward": 3, "rms_norm_backward": 4}
+#: Packs a thread of a 1024-thread block may take on float32 rows worked in float (not WIDE):
+#: 2 (nvcc 13, sm_90: layer_norm 64 registers, rms_norm 58, no spill), for rows that need more
+#: than NORM_GRAD_BLOCK threads of 2 packs. layer_norm then holds rows of up to 8192 columns,
+#: which were read twice. H200, one process, GB/s, 49152 rows, 512 threads of 3-4 packs (or
+#: uncached) -> 1024-thread kernels of 2 packs (benchmarks/results/
+#: nvidia-h200-2026-11-29-session78-profile.txt): layer_norm 5120 3260 -> 3281, 6144 3471 ->
+#: 3518, 8192 2477 -> 3920; rms_norm 6144 3432 -> 3571, 8192 3781 -> 3974. Rows of up to 512
+#: threads keep the kernel bound to 512 (rms_norm 3000 3720 -> 3659 and 4096 4113 -> 4100 on
+#: the 1024 bound; layer_norm's the same).
+NORM_GRAD_FLOAT_BLOCK_PACKS = 2
 #: Longer rows: 1024 threads read a row twice, NORM_GRAD_UNCACHED_PACKS[itemsize] packs of
-#: each operand a thread at a time (two packs of float32 or float64 spilled: their arithmetic
-#: is double), and the column sums come from x and dy in a pass of their
-#: own (norm_grad_cols, DIRECT).
+#: each operand a thread at a time (two packs of float32 or float64 spilled when both worked
+#: in double), and the column sums come from x and dy in a pass of their own (norm_grad_cols,
+#: DIRECT). float32 kernels bound to two 1024-thread blocks an SM (32 registers) lost 4-9% on
+#: layer_norm rows of 16384-32768 columns (two blocks' rows no longer stay in L2 for the second
+#: read; benchmarks/results/nvidia-h200-2026-11-29-session78-profile.txt): not kept.
 NORM_GRAD_UNCACHED_BLOCK = 1024
 NORM_GRAD_UNCACHED_PACKS = {2: 2, 4: 1, 8: 1}
+#: float32 rows of fewer columns work in double (the row kernel's WIDE, cuda_src/grad.cu
+#: NormGrad), longer ones in float but for the row sums: on 2-7 columns float arithmetic left
+#: dx 1.7e-5 off (DESIGN's bound: 2e-6), as dx is what g keeps of its projection on 1 and
+#: xhat, a small part of g on a few columns. H200, one process, GB/s of x, dy and dx, 49152
+#: rows, double -> float (benchmarks/results/nvidia-h200-2026-11-29-session78-profile.txt):
+#: layer_norm 256 columns 2459 -> 2955, 1024 2843 -> 3754, 4096 2520 -> 4016, rms_norm 64
+#: 1690 -> 1921, 4096 2456 -> 4112 (98 -> 64 registers: two 512-thread blocks an SM).
+NORM_GRAD_WIDE_BELOW = 64
 #: The column kernels' blocks: 32 columns by 32 rows.
 NORM_GRAD_COLS_BLOCK = (32, 32)
 #: The DIRECT column pass splits the rows into chunks so that about this many blocks an SM run.
@@ -248,12 +268,15 @@ class NormGradPlan:
     final: tuple[str, tuple[int, int]]
 
 
-def norm_grad_rows_kernel(op: str, dtype: str, pack: int, bound: int, group: int, packs: int,
-                          hold: bool) -> str:
-    """NVRTC name of the ``norm_grad_rows`` instantiation (``cuda_src/grad.cu``)."""
+def norm_grad_rows_kernel(op: str, dtype: str, cols: int, pack: int, bound: int, group: int,
+                          packs: int, hold: bool) -> str:
+    """NVRTC name of the ``norm_grad_rows`` instantiation (``cuda_src/grad.cu``) for rows of
+    ``cols`` columns: WIDE (arithmetic in the accumulation type) but for float32 rows of at
+    least NORM_GRAD_WIDE_BELOW columns."""
     rms = _cbool(op == "rms_norm_backward")
+    wide = _cbool(dtype != "float32" or cols < NORM_GRAD_WIDE_BELOW)
     return (f"cunorm::norm_grad_rows<{CTYPE[dtype]}, {rms}, {pack}, {bound}, {group}, "
-            f"{packs}, {_cbool(hold)}>")
+            f"{packs}, {_cbool(hold)}, {wide}>")
 
 
 def norm_grad_cols_kernel(op: str, dtype: str, direct: bool) -> str:
@@ -281,13 +304,16 @@ def norm_grad_config(path: str, op: str, cols: int, pack: int,
         if npacks <= NORM_GRAD_GROUP_MAX * per:
             group = max(64, _next_pow2(_cdiv(npacks, per)))
             return NORM_GRAD_BLOCK, NORM_GRAD_BLOCK, group, _cdiv(npacks, group)
+        full = (NORM_GRAD_FLOAT_BLOCK_PACKS if itemsize == 4 and cols >= NORM_GRAD_WIDE_BELOW
+                else 1)  # packs a thread of a 1024-thread block
         packs = max(per, _cdiv(npacks, NORM_GRAD_BLOCK_MAX_THREADS))
-        if packs > 1:  # NORM_GRAD_BLOCK threads at most (128 registers each)
+        if packs > full:  # NORM_GRAD_BLOCK threads at most (128 registers each)
             packs = max(packs, _cdiv(npacks, NORM_GRAD_BLOCK))
         if packs > most:
             return None
-        bound = NORM_GRAD_BLOCK_MAX_THREADS if packs == 1 else NORM_GRAD_BLOCK
-        return _round_up(_cdiv(npacks, packs), 32), bound, 0, packs
+        threads = _round_up(_cdiv(npacks, packs), 32)
+        wide_block = packs == 1 or (packs <= full and threads > NORM_GRAD_BLOCK)
+        return threads, NORM_GRAD_BLOCK_MAX_THREADS if wide_block else NORM_GRAD_BLOCK, 0, packs
     if path == "uncached":
         return (NORM_GRAD_UNCACHED_BLOCK, NORM_GRAD_UNCACHED_BLOCK, 0,
                 NORM_GRAD_UNCACHED_PACKS[itemsize])
@@ -303,7 +329,8 @@ def norm_grad_stage_bytes(cols: int, block: int, group: int, itemsize: int) -> i
 
 
 def _acc_size(itemsize: int) -> int:
-    """Bytes of the kernels' arithmetic type A: float for 16-bit rows, double otherwise."""
+    """Bytes of the staged column sums' type (grad.cu NormGrad P): float for 16-bit rows,
+    double otherwise."""
     return 4 if itemsize == 2 else 8
 
 
@@ -320,7 +347,7 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     >>> plan = plan_norm_grad("rms_norm_backward", "float16", 4096, 4096, 8, h200,
     ...                       lambda kernel, block, smem: 2)
     >>> plan.rows.kernel, plan.rows.grid, plan.partial_rows
-    ('cunorm::norm_grad_rows<cunorm::half_t, true, 8, 512, 256, 2, true>', 264, 264)
+    ('cunorm::norm_grad_rows<cunorm::half_t, true, 8, 512, 256, 2, true, true>', 264, 264)
     """
     _check_plan_args(op, NORM_GRAD_OPS, dtype, rows, cols, force)
     itemsize = ITEMSIZE[dtype]
@@ -334,7 +361,7 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
         raise ValueError(f"{op}: rows of {cols} columns do not fit the {force!r} path")
     block, bound, group, packs = cfg
     hold = path != "uncached"
-    name = norm_grad_rows_kernel(op, dtype, pack, bound, group, packs, hold)
+    name = norm_grad_rows_kernel(op, dtype, cols, pack, bound, group, packs, hold)
     smem = norm_grad_stage_bytes(cols, block, group, itemsize) if hold else 0
     per_sm = max(1, occ(name, block, smem))
     row_blocks = _cdiv(rows, block // group if group else 1)
@@ -365,9 +392,11 @@ def all_norm_grad_kernel_names() -> list[str]:
                     top = {"warp": 32 * NORM_GRAD_PACKS * pack,
                            "block": NORM_GRAD_BLOCK_MAX_THREADS * 4 * pack,
                            "uncached": pack}[path]
-                    for cols in range(pack, top + 1, pack):
+                    # the uncached kernel is one for any width, WIDE or not
+                    extra = (_round_up(NORM_GRAD_WIDE_BELOW, pack),) if path == "uncached" else ()
+                    for cols in (*range(pack, top + 1, pack), *extra):
                         cfg = norm_grad_config(path, op, cols, pack, itemsize)
                         if cfg is not None:
-                            names.add(norm_grad_rows_kernel(op, dtype, pack, *cfg[1:],
-                                                            path != "uncached"))
+                            names.add(norm_grad_rows_kernel(op, dtype, cols, pack,
+                                                            *cfg[1:], path != "uncached"))
     return sorted(names)

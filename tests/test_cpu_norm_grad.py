@@ -135,6 +135,8 @@ def test_paths_by_row_length(dtype, pack):
     assert plan(warp_top + pack, dtype).rows.path == "block"
     for op in g.NORM_GRAD_OPS:
         top = g.NORM_GRAD_BLOCK * g.NORM_GRAD_BLOCK_MAX_PACKS[op] * pack
+        if dtype == "float32":  # 1024 threads of two packs (float arithmetic)
+            top = max(top, g.NORM_GRAD_BLOCK_MAX_THREADS * g.NORM_GRAD_FLOAT_BLOCK_PACKS * pack)
         assert plan(top, dtype, op=op).rows.path == "block"
         assert plan(top + pack, dtype, op=op).rows.path == "uncached"
     # misaligned (scalar) rows: one element a thread, 1024 threads at most
@@ -155,7 +157,7 @@ def test_layout_of_float16_rows(cols, expect):
     p = plan(cols)
     block, bound, group, packs, smem = expect
     assert args(p.rows.kernel) == ("cunorm::half_t", "false", "8", str(bound), str(group),
-                                   str(packs), "true")
+                                   str(packs), "true", "true")
     assert (p.rows.block, p.rows.smem) == (block, smem)
     assert p.hold and p.direct is None and p.partial_rows == p.rows.grid
     assert p.final == ("cunorm::norm_grad_cols<cunorm::half_t, false, false>",
@@ -163,8 +165,34 @@ def test_layout_of_float16_rows(cols, expect):
     assert args(plan(cols, op="rms_norm_backward").rows.kernel)[1] == "true"
     # rms_norm keeps no bias sums: 16384 columns on 512 threads of 4 packs
     assert args(plan(16384, op="rms_norm_backward").rows.kernel)[3:] == ("512", "0", "4",
-                                                                          "true")
+                                                                          "true", "true")
     assert plan(16384).rows.path == "uncached"
+
+
+@pytest.mark.parametrize("force", [None, *g.GRAD_PATHS])
+def test_float32_rows_work_in_double_below_the_wide_limit(force):
+    """WIDE (the last template argument) for float32 rows of fewer than NORM_GRAD_WIDE_BELOW
+    columns on every path, not from there on; always for the other dtypes (whose arithmetic
+    type does not depend on it, so no kernel is built twice)."""
+    edge = g.NORM_GRAD_WIDE_BELOW
+    for cols, wide in ((3, "true"), (edge - 4, "true"), (edge, "false"), (edge + 4, "false")):
+        assert args(plan(cols, "float32", force=force).rows.kernel)[-1] == wide, cols
+    for dtype in ("float16", "bfloat16", "float64"):
+        for cols in (8, edge, edge + 8):
+            assert args(plan(cols, dtype, force=force).rows.kernel)[-1] == "true"
+
+
+def test_float32_blocks_of_1024_threads_take_two_packs():
+    """float32 rows worked in float: whole-block rows of 2 packs a thread on kernels bound to
+    1024 threads (64 registers) past 512 threads, up to 8192 columns for either op."""
+    for op in g.NORM_GRAD_OPS:
+        for cols, block, bound in ((2052, 288, 512), (4096, 512, 512), (4100, 544, 1024),
+                                   (8192, 1024, 1024)):
+            p = plan(cols, "float32", op=op)
+            assert args(p.rows.kernel)[3:] == (str(bound), "0", "2", "true", "false"), (op, cols)
+            assert (p.rows.path, p.rows.block) == ("block", block)
+    # WIDE rows and 16-bit rows keep one pack a thread on 1024-thread blocks
+    assert args(plan(4104, "float16").rows.kernel)[3:6] == ("512", "0", "2")
 
 
 def test_shared_memory_stays_under_48_kb():
