@@ -30,6 +30,22 @@ import threading
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
 #: Compute capability (as one number) from which the hardware overlaps dependent launches.
 MIN_ARCH = 90
+#: ``CUresult`` CUDA_ERROR_INVALID_CONTEXT: a driver call on a thread with no current context.
+INVALID_CONTEXT = 201
+
+
+def ensure_context() -> None:
+    """Make the current device's primary context current on this thread where none is.
+
+    The driver API (occupancy queries, module loads, launches) works in the thread's current
+    context, and a thread CUDA has not run on has none: torch runs a backward on an autograd
+    thread of its own, which a custom operator's backward may be the first to use (it failed
+    with CUDA_ERROR_INVALID_CONTEXT). ``cudaFree(0)`` initializes the runtime's primary
+    context of the current device and makes it current, as a CuPy or torch kernel would."""
+    import cupy
+
+    if cupy.cuda.driver.ctxGetCurrent() == 0:
+        cupy.cuda.runtime.free(0)
 
 
 class _AttrValue(ctypes.Union):
@@ -164,12 +180,22 @@ class KernelLaunch:
                     ctypes.memmove(buf, value, len(buf))
                 self._held = values
             if self._launch is not None:
-                self._launch(self._function, *self._dims, stream, self._params_addr, 0)
+                try:
+                    self._launch(self._function, *self._dims, stream, self._params_addr, 0)
+                except _cupy_driver().CUDADriverError as err:
+                    if err.status != INVALID_CONTEXT:
+                        raise
+                    ensure_context()  # a thread with no context yet (no cost until then)
+                    self._launch(self._function, *self._dims, stream, self._params_addr, 0)
                 return
             self._config.stream = stream
             lib = _driver()
-            rc = lib.cuLaunchKernelEx(ctypes.byref(self._config), self._function,
-                                      self._params, None)
+            for attempt in range(2):
+                rc = lib.cuLaunchKernelEx(ctypes.byref(self._config), self._function,
+                                          self._params, None)
+                if rc != INVALID_CONTEXT or attempt:
+                    break
+                ensure_context()
         if rc != 0:
             err = ctypes.c_char_p()
             lib.cuGetErrorName(rc, ctypes.byref(err))

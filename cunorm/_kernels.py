@@ -15,6 +15,7 @@ import importlib.resources
 from pathlib import Path
 
 from ._cache import BoundedCache
+from ._driver_launch import ensure_context
 
 # (device id, kernel name) -> cupy.RawKernel, filled lazily.
 _KERNELS: dict[tuple[int, str], object] = {}
@@ -98,6 +99,7 @@ def get_kernel(device_id: int, arch: int, op_file: str, name: str, smem_optin: i
         import cupy
 
         with cupy.cuda.Device(device_id):
+            ensure_context()  # the module loads into the thread's current context
             module = cupy.RawModule(
                 code=kernel_source(op_file),
                 options=compile_options(arch, op_file),
@@ -170,6 +172,7 @@ def occupancy(kernel, block: int, dynamic_smem: int) -> int:
     if blocks is None:
         import cupy
 
+        ensure_context()
         set_carveout(kernel, -1)
         blocks = _OCCUPANCY[key] = int(
             cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
