@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # One device call: smoke test, path thresholds, GPU test suite, compute-sanitizer, benchmark.
 # Usage (on the GPU machine, repo root): bash benchmarks/gpu_run.sh [STEPS...]
-#   steps: smoke thresholds tests sanitize bench profile gaps  (default: all but profile, gaps)
+#   steps: smoke thresholds tests sanitize bench profile gaps pack  (default: all but profile,
+#          gaps; pack last where OUT is set)
+#   pack: every file under $OUT into $OUT/results.tar.gz (the device tool brings back only a
+#         few files a call: session 78 lost three tables' files and a sanitizer log)
 #   BENCH_OPS: the ops the bench step runs (default: every row-wise op, then attention)
 # Logs and results go to $OUT (device tool) or benchmarks/results/.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
-steps=${*:-smoke thresholds tests sanitize bench}
+default_steps="smoke thresholds tests sanitize bench"
+[ -n "${OUT:-}" ] && [ "$OUT" != benchmarks/results ] && default_steps="$default_steps pack"
+steps=${*:-$default_steps}
 status=0
 for step in $steps; do
   echo "=== $step ($(date +%T)) ==="
@@ -43,6 +48,12 @@ for step in $steps; do
         rc=$?; echo "compute-sanitizer $tool: exit $rc"; tail -3 "$OUT/sanitize-$tool.log"
         [ $rc = 0 ] || status=1
       done ;;
+    pack)
+      tmp=$(mktemp -d)
+      tar -C "$OUT" -czf "$tmp/results.tar.gz" . && find "$OUT" -mindepth 1 -delete \
+        && mv "$tmp/results.tar.gz" "$OUT/" && tar -tzf "$OUT/results.tar.gz" | wc -l \
+        | xargs echo "entries packed into $OUT/results.tar.gz:" || status=1
+      rmdir "$tmp" ;;
     bench)
       for op in ${BENCH_OPS:-softmax log_softmax layer_norm rms_norm layer_norm_residual rms_norm_residual softmax_backward log_softmax_backward layer_norm_backward rms_norm_backward attention}; do
         python -m cunorm.bench "$op" --out "$OUT" || status=1
