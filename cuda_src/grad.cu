@@ -256,18 +256,16 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
   typedef typename NormGrad<T, RMS, WIDE>::C C;
   typedef typename NormGrad<T, RMS, WIDE>::P P;
   typedef typename NormGrad<T, RMS, WIDE>::A A;
-  typedef P S;  // the row sums
-  typedef A K;  // a thread's column sums
   constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;
   constexpr int WARP_ROWS = GROUP > 0 && GROUP < 32 ? 32 / GROUP : 1;
-  __shared__ Sum2<S> scratch[33];
+  __shared__ Sum2<P> scratch[33];  // the row sums are P's
   const int group = GROUP > 0 ? GROUP : static_cast<int>(blockDim.x);
   const int lane = threadIdx.x % group;
   const int slot = threadIdx.x / group;
   const i64 npacks = cols / PACK;
-  const S inv_cols = S(1) / static_cast<S>(cols);
+  const P inv_cols = P(1) / static_cast<P>(cols);
   const i64 step = static_cast<i64>(gridDim.x) * ROWS;
-  K col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
+  A col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
   for (i64 base = static_cast<i64>(blockIdx.x) * ROWS; base < rows; base += step) {
     // A warp of lane groups leaves as a whole, once its first row is past the end. Row groups
     // past 32 lanes stay to the block's last round (their rows past the end do no loads or
@@ -316,15 +314,15 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
         }
       }
     };
-    Sum2<S> acc = {S(0), S(0)};  // sum of g, sum of g * xhat
+    Sum2<P> acc = {P(0), P(0)};  // sum of g, sum of g * xhat
     const auto add = [&acc](int, i64, const C*, const A* xh, const A* g) {
 #pragma unroll
       for (int i = 0; i < PACK; ++i) {
-        if (!RMS) acc.a += static_cast<S>(g[i]);
-        acc.b += static_cast<S>(g[i]) * static_cast<S>(xh[i]);
+        if (!RMS) acc.a += static_cast<P>(g[i]);
+        acc.b += static_cast<P>(g[i]) * static_cast<P>(xh[i]);
       }
     };
-    const auto write = [&](Sum2<S> s, bool columns) {
+    const auto write = [&](Sum2<P> s, bool columns) {
       const A mean_g = static_cast<A>(s.a * inv_cols);
       const A mean_gx = static_cast<A>(s.b * inv_cols);
       return [&, mean_g, mean_gx, columns](int u, i64 j, const C* b, const A* xh, const A* g) {
@@ -333,8 +331,8 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
         for (int i = 0; i < PACK; ++i) {
           o.v[i] = from_compute<T>(static_cast<C>(rs * (g[i] - mean_g - xh[i] * mean_gx)));
           if (HOLD && columns) {
-            col_w[HOLD ? u : 0][i] += static_cast<K>(static_cast<A>(b[i]) * xh[i]);
-            if (!RMS) col_b[HOLD && !RMS ? u : 0][i] += static_cast<K>(b[i]);
+            col_w[HOLD ? u : 0][i] += static_cast<A>(b[i]) * xh[i];
+            if (!RMS) col_b[HOLD && !RMS ? u : 0][i] += static_cast<A>(b[i]);
           }
         }
         store_pack<T, PACK>(dxr + j * PACK, o);
@@ -344,7 +342,7 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
       Pack<T, PACK> px[N], pd[N];
       fetch(lane, px, pd);
       packs(lane, px, pd, add);
-      const Sum2<S> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
+      const Sum2<P> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
       packs(lane, px, pd, write(s, true));
     } else {
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
@@ -352,7 +350,7 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
         fetch(j0, px, pd);
         packs(j0, px, pd, add);
       }
-      const Sum2<S> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
+      const Sum2<P> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
         Pack<T, PACK> px[N], pd[N];
         fetch(j0, px, pd);
