@@ -13,6 +13,7 @@ run also checks correctness.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -114,8 +115,6 @@ def check_softmax(rng: np.random.Generator) -> int:
 def check_grad(rng: np.random.Generator) -> int:
     """softmax_backward and log_softmax_backward on every path that holds the row (into a
     fresh array and in place over dy): wrong results are counted."""
-    from cunorm import _grad_dispatch
-
     bad = 0
     for dt in DTYPES:
         started = time.perf_counter()
@@ -128,28 +127,40 @@ def check_grad(rng: np.random.Generator) -> int:
                 # the NumPy path on float64 copies (tests/test_cpu_softmax_grad.py holds it to
                 # the Jacobian)
                 ref = bwd(cupy.asnumpy(y).astype(np.float64), dyh.astype(np.float64))
-                for path in _grad_dispatch.GRAD_PATHS:
-                    for in_place in (False, True):
-                        dy = cupy.asarray(dyh)
-                        try:
-                            with _dispatch.force_path(path):
-                                dx = bwd(y, dy, out=dy if in_place else None)
-                        except ValueError:  # the path cannot hold the row
-                            continue
-                        got = cupy.asnumpy(dx).astype(np.float64)
-                        if not np.allclose(got, ref, atol=2e-2 * np.abs(ref).max()):
-                            print(f"WRONG {bwd.__name__} {path} in_place={in_place} "
-                                  f"{np.dtype(dt).name} {rows}x{cols}")
-                            bad += 1
+                for in_place in (False, True):
+                    def call(bwd=bwd, y=y, dyh=dyh, in_place=in_place):
+                        dy = cupy.asarray(dyh)  # afresh for each path: in place overwrites it
+                        return (bwd(y, dy, out=dy if in_place else None),)
+
+                    bad += _wrong_on_paths(call, (ref,), f"{bwd.__name__} in_place={in_place} "
+                                           f"{np.dtype(dt).name} {rows}x{cols}")
         _progress(f"grad {np.dtype(dt).name}", started)
+    return bad
+
+
+def _wrong_on_paths(call, refs, what: str) -> int:
+    """Outputs of ``call()`` (a tuple of arrays) with each gradient path forced that can hold
+    the row, against float64 ``refs``: the number of wrong outputs, each printed."""
+    from cunorm import _grad_dispatch
+
+    bad = 0
+    for path in _grad_dispatch.GRAD_PATHS:
+        try:
+            with _dispatch.force_path(path):
+                outs = call()
+        except ValueError:  # the path cannot hold the row
+            continue
+        for out, ref in zip(outs, refs, strict=True):
+            got = cupy.asnumpy(out).astype(np.float64)
+            if not np.allclose(got, ref, atol=2e-2 * np.abs(ref).max()):
+                print(f"WRONG {what} {path}")
+                bad += 1
     return bad
 
 
 def check_norm_grad(rng: np.random.Generator) -> int:
     """layer_norm_backward and rms_norm_backward on every path that holds the row, with and
     without a weight, on row counts whose grids loop: wrong dx or column sums are counted."""
-    from cunorm import _grad_dispatch
-
     bad = 0
     for dt in DTYPES:
         started = time.perf_counter()
@@ -171,18 +182,10 @@ def check_norm_grad(rng: np.random.Generator) -> int:
                     # to finite differences)
                     ref = bwd(*(None if a is None else cupy.asnumpy(a).astype(np.float64)
                                 for a in (dy, x, *stats, weight)))
-                    for path in _grad_dispatch.GRAD_PATHS:
-                        try:
-                            with _dispatch.force_path(path):
-                                got = bwd(dy, x, *stats, weight)
-                        except ValueError:  # the path cannot hold the row
-                            continue
-                        for g, r in zip(got, ref, strict=True):
-                            g = cupy.asnumpy(g).astype(np.float64)
-                            if not np.allclose(g, r, atol=2e-2 * np.abs(r).max()):
-                                print(f"WRONG {bwd.__name__} {path} weight={weight is not None}"
-                                      f" {np.dtype(dt).name} {rows}x{cols}")
-                                bad += 1
+                    bad += _wrong_on_paths(
+                        functools.partial(bwd, dy, x, *stats, weight),
+                        ref, f"{bwd.__name__} weight={weight is not None} "
+                        f"{np.dtype(dt).name} {rows}x{cols}")
         _progress(f"norm_grad {np.dtype(dt).name}", started)
     return bad
 
