@@ -572,7 +572,11 @@ def test_grad_peer_functions(name: str) -> None:
     assert err.max() < 2e-3
 
 
-def test_grad_cupyx_and_triton_not_timed() -> None:
+@pytest.mark.parametrize(("name", "cupyx_lacks"), [
+    *((op, "no softmax gradient") for op in GRAD_OPS),
+    *((op, "no norms and no norm gradient") for op in NORM_GRAD_OPS),
+])
+def test_grad_cupyx_and_triton_not_timed(name: str, cupyx_lacks: str) -> None:
     from types import SimpleNamespace
 
     from cunorm.bench.cases import Case
@@ -580,16 +584,15 @@ def test_grad_cupyx_and_triton_not_timed() -> None:
 
     triton = Triton.__new__(Triton)  # no torch, no GPU: build() refuses before either is used
     triton.k = SimpleNamespace(DTYPES=("float16", "bfloat16", "float32"), MAX_COLS=16384)
-    for name in GRAD_OPS:
-        case = Case(OPS[name], "float32", np.ones((2, 8), np.float32), r=np.ones((2, 8)))
-        with pytest.raises(PeerUnavailable) as exc:
-            Cupyx.__new__(Cupyx).build(case)
-        assert str(exc.value) == f"cupyx.scipy.special has no softmax gradient; {name} not timed"
-        with pytest.raises(PeerUnavailable) as exc:
-            triton.build(case)
-        assert str(exc.value) == (
-            f"the minimal Triton kernels are forward only (no backward); {name} not timed"
-        )
+    case = Case(OPS[name], "float32", np.ones((2, 8), np.float32), r=np.ones((2, 8)))
+    with pytest.raises(PeerUnavailable) as exc:
+        Cupyx.__new__(Cupyx).build(case)
+    assert str(exc.value) == f"cupyx.scipy.special has {cupyx_lacks}; {name} not timed"
+    with pytest.raises(PeerUnavailable) as exc:
+        triton.build(case)
+    assert str(exc.value) == (
+        f"the minimal Triton kernels are forward only (no backward); {name} not timed"
+    )
 
 
 def test_grad_method_paragraph() -> None:
@@ -901,28 +904,6 @@ def test_norm_grad_peer_notes() -> None:
         assert fn() == ("t", "w", "b", "dy", -1, ("rstd",))
         note = getattr(fn, "note", "")
         assert ("has no CUDA aten._fused_rms_norm_backward" in note) == OPS[name].rms
-
-
-def test_norm_grad_cupyx_and_triton_not_timed() -> None:
-    from types import SimpleNamespace
-
-    from cunorm.bench.cases import Case
-    from cunorm.bench.peers import Cupyx, PeerUnavailable, Triton
-
-    triton = Triton.__new__(Triton)
-    triton.k = SimpleNamespace(DTYPES=("float16", "bfloat16", "float32"), MAX_COLS=16384)
-    for name in NORM_GRAD_OPS:
-        case = Case(OPS[name], "float32", np.ones((2, 8), np.float32), r=np.ones((2, 8)))
-        with pytest.raises(PeerUnavailable) as exc:
-            Cupyx.__new__(Cupyx).build(case)
-        assert str(exc.value) == (
-            f"cupyx.scipy.special has no norms and no norm gradient; {name} not timed"
-        )
-        with pytest.raises(PeerUnavailable) as exc:
-            triton.build(case)
-        assert str(exc.value) == (
-            f"the minimal Triton kernels are forward only (no backward); {name} not timed"
-        )
 
 
 def test_norm_grad_method_paragraph() -> None:
