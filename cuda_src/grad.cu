@@ -241,32 +241,47 @@ __device__ __forceinline__ V row_group_sum(V v, V* scratch) {
 // (GROUP = 0: one, blockDim.x threads, BLOCK the most). With HOLD a thread keeps its N packs
 // of x and dy in registers from the sums to the write (cols <= threads * N * PACK) and adds
 // dy * xhat and dy of its columns over every row it takes; at the end the block's rows' sums
-// go in a fixed order to its partial row: partial[blockIdx.x][cols] (dweight's terms) and
-// partial[gridDim.x + blockIdx.x][cols] (dbias's; layer_norm only), which norm_grad_cols
-// adds up. Blocks of several rows stage them in dynamic shared memory (rows * cols values).
+// go in a fixed order to its partial row: partial[b][cols] (dweight's terms) and
+// partial[n + b][cols] (dbias's; layer_norm only), b the block's index among the grid's n
+// blocks (its cluster's among n clusters), which norm_grad_cols adds up. Blocks of several rows stage them in dynamic shared memory (rows * cols values).
 // Without HOLD a row is read twice (the sums, then the write) and nothing else is written;
 // norm_grad_cols takes the columns from x and dy then. Every pack is whole (PACK divides
 // cols). In place (dx = dy or dx = x) is safe as for softmax_grad.
-template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD, bool WIDE>
-__global__ void __launch_bounds__(BLOCK) norm_grad_rows(
-    const T* dy, const T* x, const typename NormGrad<T, RMS>::C* mean,
-    const typename NormGrad<T, RMS>::C* rstd, const T* weight, T* dx,
-    typename NormGrad<T, RMS>::P* partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,
-    i64 ld_dx) {
+// CLUSTER > 1 (norm_grad_rows_cluster; HOLD, GROUP = 0): the CLUSTER blocks of a cluster
+// share each row, a block holding the slice [first, end) of its packs; the blocks' row sums
+// meet through ClusterMail, folded in rank order (the same bits in every block), and each
+// cluster writes one partial row of column sums, a slice a block.
+#define CUNORM_NORM_GRAD_PARAMS                                                              \
+  const T *dy, const T *x, const typename NormGrad<T, RMS>::C *mean,                        \
+      const typename NormGrad<T, RMS>::C *rstd, const T *weight, T *dx,                     \
+      typename NormGrad<T, RMS>::P *partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x, i64 ld_dx
+#define CUNORM_NORM_GRAD_ARGS dy, x, mean, rstd, weight, dx, partial, rows, cols, ld_dy, ld_x, ld_dx
+template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD, bool WIDE,
+          int CLUSTER>
+__device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
   typedef typename NormGrad<T, RMS, WIDE>::C C;
   typedef typename NormGrad<T, RMS, WIDE>::P P;
   typedef typename NormGrad<T, RMS, WIDE>::A A;
+  static_assert(CLUSTER == 1 || (HOLD && GROUP == 0), "clusters hold whole-block rows");
   constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;
   constexpr int WARP_ROWS = GROUP > 0 && GROUP < 32 ? 32 / GROUP : 1;
   __shared__ Sum2<P> scratch[33];  // the row sums are P's
+  __shared__ ClusterMail<Sum2<P>, CLUSTER> mail;  // the cluster's blocks' row sums
   const int group = GROUP > 0 ? GROUP : static_cast<int>(blockDim.x);
   const int lane = threadIdx.x % group;
   const int slot = threadIdx.x / group;
   const i64 npacks = cols / PACK;
+  const i64 slice = (npacks + CLUSTER - 1) / CLUSTER;  // packs a block of a cluster
+  const i64 first = CLUSTER > 1 ? Cluster<CLUSTER>::rank() * slice : 0;
+  const i64 end = CLUSTER > 1 ? min(npacks, first + slice) : npacks;
   const P inv_cols = P(1) / static_cast<P>(cols);
-  const i64 step = static_cast<i64>(gridDim.x) * ROWS;
+  const i64 nclusters = gridDim.x / CLUSTER;
+  const i64 cluster = blockIdx.x / CLUSTER;
+  const i64 step = nclusters * ROWS;
   A col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
-  for (i64 base = static_cast<i64>(blockIdx.x) * ROWS; base < rows; base += step) {
+  open_mail<CLUSTER>(mail);
+  unsigned k = 0;  // exchanges so far (the mail's phase)
+  for (i64 base = cluster * ROWS; base < rows; base += step, ++k) {
     // A warp of lane groups leaves as a whole, once its first row is past the end. Row groups
     // past 32 lanes stay to the block's last round (their rows past the end do no loads or
     // stores): a group that left early waited at the staging's __syncthreads while others
@@ -286,7 +301,7 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
 #pragma unroll
       for (int u = 0; u < N; ++u) {
         const i64 j = j0 + static_cast<i64>(u) * group;
-        if (valid && j < npacks) {
+        if (valid && j < end) {
           C a[PACK], b[PACK], w[PACK];
           pack_to_compute<C>(px[u], a);
           pack_to_compute<C>(pd[u], b);
@@ -308,7 +323,7 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
 #pragma unroll
       for (int u = 0; u < N; ++u) {
         const i64 j = j0 + static_cast<i64>(u) * group;
-        if (valid && j < npacks) {
+        if (valid && j < end) {
           px[u] = load_pack<T, PACK>(xr + j * PACK);
           pd[u] = load_pack<T, PACK>(dyr + j * PACK);
         }
@@ -340,10 +355,16 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
     };
     if constexpr (HOLD) {
       Pack<T, PACK> px[N], pd[N];
-      fetch(lane, px, pd);
-      packs(lane, px, pd, add);
-      const Sum2<P> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
-      packs(lane, px, pd, write(s, true));
+      fetch(first + lane, px, pd);
+      packs(first + lane, px, pd, add);
+      Sum2<P> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
+      if constexpr (CLUSTER > 1) {
+        if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open
+        s = mail.template exchange<SumOp<Sum2<P>>>(s, k);
+      }
+      packs(first + lane, px, pd, write(s, true));
+      // The next row's exchange rewrites the peers' slots: every block must be done reading.
+      if (CLUSTER > 1 && base + step < rows) Cluster<CLUSTER>::sync();
     } else {
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
         Pack<T, PACK> px[N], pd[N];
@@ -364,12 +385,12 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
     P* stage = reinterpret_cast<P*>(norm_grad_stage);
 #pragma unroll
     for (int which = 0; which < (RMS ? 1 : 2); ++which) {
-      P* dst = partial + (static_cast<i64>(which) * gridDim.x + blockIdx.x) * cols;
+      P* dst = partial + (static_cast<i64>(which) * nclusters + cluster) * cols;
       P* const to = ROWS > 1 ? stage + slot * cols : dst;
 #pragma unroll
       for (int u = 0; u < N; ++u) {
-        const i64 j = lane + static_cast<i64>(u) * group;
-        if (j < npacks) {
+        const i64 j = first + lane + static_cast<i64>(u) * group;
+        if (j < end) {
 #pragma unroll
           for (int i = 0; i < PACK; ++i) {
             to[j * PACK + i] = static_cast<P>(which == 0 ? col_w[u][i] : col_b[RMS ? 0 : u][i]);
@@ -389,6 +410,19 @@ __global__ void __launch_bounds__(BLOCK) norm_grad_rows(
     }
   }
 }
+
+template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD, bool WIDE>
+__global__ void __launch_bounds__(BLOCK) norm_grad_rows(CUNORM_NORM_GRAD_PARAMS) {
+  norm_grad_body<T, RMS, PACK, BLOCK, GROUP, N, HOLD, WIDE, 1>(CUNORM_NORM_GRAD_ARGS);
+}
+
+#ifdef CUNORM_SM90
+template <typename T, bool RMS, int PACK, int BLOCK, int N, bool WIDE, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BLOCK)
+    norm_grad_rows_cluster(CUNORM_NORM_GRAD_PARAMS) {
+  norm_grad_body<T, RMS, PACK, BLOCK, 0, N, true, WIDE, CLUSTER>(CUNORM_NORM_GRAD_ARGS);
+}
+#endif
 
 // Column sums over ranges of rows, 32 columns a block by 32 rows at a time (blockDim (32,
 // 32)), each thread its own rows in order, then the 32 added in a fixed order. DIRECT: the

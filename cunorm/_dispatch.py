@@ -1340,5 +1340,5 @@ def all_kernel_names(arch: int) -> list[str]:
 
     names.update(attention_kernel_names(arch))
     names.update(all_grad_kernel_names())
-    names.update(all_norm_grad_kernel_names())
+    names.update(all_norm_grad_kernel_names(arch))
     return sorted(names)

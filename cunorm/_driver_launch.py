@@ -82,6 +82,12 @@ def _driver():
     launch.restype = ctypes.c_int
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuGetErrorName.restype = ctypes.c_int
+    try:
+        lib.cuOccupancyMaxActiveClusters.argtypes = [
+            ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(LaunchConfig)]
+        lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
+    except AttributeError:  # a driver before CUDA 12.0: no clusters either
+        pass
     return lib
 
 
@@ -201,6 +207,26 @@ class KernelLaunch:
             lib.cuGetErrorName(rc, ctypes.byref(err))
             name = err.value.decode() if err.value else "unknown error"
             raise RuntimeError(f"cuLaunchKernelEx of {self._name} failed: {name} ({rc})")
+
+
+def max_active_clusters(kernel, device: int, cluster: int, block: int, shared_mem: int) -> int:
+    """How many clusters of ``cluster`` blocks of ``kernel`` (compiled with those cluster
+    dimensions) the device runs at once, with ``block`` threads and ``shared_mem`` bytes of
+    dynamic shared memory a block: ``cuOccupancyMaxActiveClusters``, which counts the SMs a
+    cluster may share (its GPC), unlike blocks an SM times SMs over ``cluster``."""
+    lib = _driver()
+    config = LaunchConfig(grid=(cluster, 1, 1), block=(block, 1, 1), shared_mem=shared_mem)
+    count = ctypes.c_int(0)
+    ensure_context()
+    rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count),
+                                          ctypes.c_void_p(_function(kernel, device)),
+                                          ctypes.byref(config))
+    if rc != 0:
+        err = ctypes.c_char_p()
+        lib.cuGetErrorName(rc, ctypes.byref(err))
+        name = err.value.decode() if err.value else "unknown error"
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters of {kernel.name} failed: {name} ({rc})")
+    return count.value
 
 
 def _dim3(dims) -> tuple[int, int, int]:

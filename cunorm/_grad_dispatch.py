@@ -17,10 +17,12 @@ uncached
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ._device import DeviceProps
 from ._dispatch import (
+    CLUSTER_SIZES,
     CTYPE,
     ITEMSIZE,
     MAX_GRID,
@@ -108,16 +110,17 @@ def grad_config(path: str, cols: int, pack: int,
 
 
 def _check_plan_args(op: str, ops: tuple[str, ...], dtype: str, rows: int, cols: int,
-                     force: str | None) -> None:
-    """The checks both planners make of their arguments (``ops``: the planner's ops)."""
+                     force: str | None, paths: tuple[str, ...] = GRAD_PATHS) -> None:
+    """The checks both planners make of their arguments (``ops``: the planner's ops,
+    ``paths``: its paths)."""
     if op not in ops:
         raise ValueError(f"unknown op {op!r}; expected one of {ops}")
     if dtype not in CTYPE:
         raise ValueError(f"no {op} kernel for {dtype}; expected one of {tuple(CTYPE)}")
     if rows < 1 or cols < 1:
         raise ValueError(f"{op}: nothing to plan for ({rows}, {cols})")
-    if force is not None and force not in GRAD_PATHS:
-        raise ValueError(f"{op} has no {force!r} path; expected one of {GRAD_PATHS}")
+    if force is not None and force not in paths:
+        raise ValueError(f"{op} has no {force!r} path; expected one of {paths}")
 
 
 def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
@@ -182,6 +185,9 @@ def all_grad_kernel_names() -> list[str]:
 
 # --- layer_norm / rms_norm gradients ------------------------------------------------------
 NORM_GRAD_OPS = ("layer_norm_backward", "rms_norm_backward")
+#: Paths :func:`plan_norm_grad` may be forced onto: the softmax gradients' and, on sm_90,
+#: ``cluster`` (a row held by the blocks of a thread-block cluster).
+NORM_GRAD_PATHS = ("warp", "block", "cluster", "uncached")
 #: Threads of a block whose rows take 1-256 threads each (NORM_GRAD_BLOCK / group rows a block
 #: at a time). One partial row of column sums is written a block, so the bigger the block,
 #: the fewer partial rows norm_grad_cols adds up.
@@ -227,6 +233,29 @@ NORM_GRAD_FLOAT_BLOCK_PACKS = 2
 #: read; benchmarks/results/nvidia-h200-2026-11-29-session78-profile.txt): not kept.
 NORM_GRAD_UNCACHED_BLOCK = 1024
 NORM_GRAD_UNCACHED_PACKS = {2: 2, 4: 1, 8: 1}
+#: The cluster path (sm_90): a row is split over the smallest cluster of
+#: NORM_GRAD_CLUSTER_SIZES blocks whose slices take at most NORM_GRAD_CLUSTER_THREADS[0]
+#: threads (else [1]) of NORM_GRAD_CLUSTER_PACKS[op][itemsize] packs of 16 bytes (grad.cu
+#: norm_grad_rows_cluster), so it is read once; the blocks' row sums meet through distributed
+#: shared memory. Unforced, only rows no block holds take it, and only of the dtypes of
+#: NORM_GRAD_CLUSTER_DTYPES[op]. H200, one process, GB/s of x, dy and dx, 49152 rows (3072
+#: at 65536), read twice -> cluster (benchmarks/results/
+#: nvidia-h200-2026-11-29-session79-cluster-profile.txt): rms_norm float32 12288 2185 -> 2599,
+#: 16384 2007 -> 2784, 32768 1817 -> 2507, float16 32768 1982 -> 2512, 65536 1723 -> 1746;
+#: layer_norm float16 16384 1690 -> 2066, 32768 1776 -> 1982, 65536 1595 -> 1686; but
+#: layer_norm float32 12288-32768 lost 6-24% (one pack a thread: with two its kernel spilled 4
+#: bytes at the 64 registers ptxas gave it, nvcc 13, sm_90), and rows a block holds ran
+#: 0.50-0.79x on clusters (16-bit layer_norm 5120: 1.04x): each row costs a cluster barrier
+#: and an exchange that no other row's loads overlap. bfloat16 is not measured in one process:
+#: its rms_norm cluster kernels take 60 registers where float16's take 40 (2 blocks of 512
+#: threads an SM, not 3), and in the sweep table (GPU-958e602a) ran 32768 and 65536 columns
+#: at 1900 and 1611 GB/s against 1957 and 1716 read twice on another H200 that morning.
+NORM_GRAD_CLUSTER_SIZES = CLUSTER_SIZES
+NORM_GRAD_CLUSTER_THREADS = (512, 1024)
+NORM_GRAD_CLUSTER_PACKS = {"layer_norm_backward": {2: 1, 4: 1, 8: 1},
+                           "rms_norm_backward": {2: 1, 4: 2, 8: 1}}
+NORM_GRAD_CLUSTER_DTYPES = {"layer_norm_backward": ("float16",),
+                            "rms_norm_backward": ("float16", "float32")}
 #: float32 rows of fewer columns work in double (the row kernel's WIDE, cuda_src/grad.cu
 #: NormGrad), longer ones in float but for the row sums: on 2-7 columns float arithmetic left
 #: dx 1.7e-5 off (DESIGN's bound: 2e-6), as dx is what g keeps of its projection on 1 and
@@ -274,9 +303,22 @@ def norm_grad_rows_kernel(op: str, dtype: str, cols: int, pack: int, bound: int,
     ``cols`` columns: WIDE (arithmetic in the accumulation type) but for float32 rows of at
     least NORM_GRAD_WIDE_BELOW columns."""
     rms = _cbool(op == "rms_norm_backward")
-    wide = _cbool(dtype != "float32" or cols < NORM_GRAD_WIDE_BELOW)
     return (f"cunorm::norm_grad_rows<{CTYPE[dtype]}, {rms}, {pack}, {bound}, {group}, "
-            f"{packs}, {_cbool(hold)}, {wide}>")
+            f"{packs}, {_cbool(hold)}, {_wide(dtype, cols)}>")
+
+
+def _wide(dtype: str, cols: int) -> str:
+    """The row kernels' WIDE argument: true but for float32 rows of at least
+    NORM_GRAD_WIDE_BELOW columns."""
+    return _cbool(dtype != "float32" or cols < NORM_GRAD_WIDE_BELOW)
+
+
+def norm_grad_cluster_kernel(op: str, dtype: str, cols: int, pack: int, bound: int,
+                             packs: int, cluster: int) -> str:
+    """NVRTC name of the ``norm_grad_rows_cluster`` instantiation (``cuda_src/grad.cu``)."""
+    rms = _cbool(op == "rms_norm_backward")
+    return (f"cunorm::norm_grad_rows_cluster<{CTYPE[dtype]}, {rms}, {pack}, {bound}, {packs}, "
+            f"{_wide(dtype, cols)}, {cluster}>")
 
 
 def norm_grad_cols_kernel(op: str, dtype: str, direct: bool) -> str:
@@ -314,11 +356,34 @@ def norm_grad_config(path: str, op: str, cols: int, pack: int,
         threads = _round_up(_cdiv(npacks, packs), 32)
         wide_block = packs == 1 or (packs <= full and threads > NORM_GRAD_BLOCK)
         return threads, NORM_GRAD_BLOCK_MAX_THREADS if wide_block else NORM_GRAD_BLOCK, 0, packs
+    if path == "cluster":
+        cfg = norm_grad_cluster_config(op, cols, pack, itemsize)
+        return None if cfg is None else cfg[:4]
     if path == "uncached":
         return (NORM_GRAD_UNCACHED_BLOCK, NORM_GRAD_UNCACHED_BLOCK, 0,
                 NORM_GRAD_UNCACHED_PACKS[itemsize])
     raise ValueError(f"unknown path {path!r} for the norm gradients; expected one of "
-                     f"{GRAD_PATHS}")
+                     f"{NORM_GRAD_PATHS}")
+
+
+def norm_grad_cluster_config(op: str, cols: int, pack: int,
+                             itemsize: int) -> tuple[int, int, int, int, int] | None:
+    """(block threads, the kernel's bound on them, 0, packs a thread, blocks a cluster) of
+    the cluster path for rows of ``cols`` columns in packs of ``pack`` elements, or None
+    where no cluster of NORM_GRAD_CLUSTER_SIZES holds the row (or its packs are narrower
+    than 16 bytes)."""
+    if pack * itemsize != 16:
+        return None
+    npacks = cols // pack
+    per = NORM_GRAD_CLUSTER_PACKS[op][itemsize]
+    for most in NORM_GRAD_CLUSTER_THREADS:
+        for cluster in NORM_GRAD_CLUSTER_SIZES:
+            threads = _round_up(_cdiv(_cdiv(npacks, cluster), per), 32)
+            if threads <= most:
+                bound = (NORM_GRAD_BLOCK if threads <= NORM_GRAD_BLOCK
+                         else NORM_GRAD_BLOCK_MAX_THREADS)
+                return threads, bound, 0, _cdiv(_cdiv(npacks, cluster), threads), cluster
+    return None
 
 
 def norm_grad_stage_bytes(cols: int, block: int, group: int, itemsize: int) -> int:
@@ -334,11 +399,21 @@ def _acc_size(itemsize: int) -> int:
     return 4 if itemsize == 2 else 8
 
 
+#: ``clusters(kernel, cluster, block, smem)``: how many clusters of ``cluster`` blocks of the
+#: kernel the device runs at once (the driver's ``cuOccupancyMaxActiveClusters``, which
+#: knows how the SMs are grouped).
+ClusterOccupancy = Callable[[str, int, int, int], int]
+
+
 def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
-                   props: DeviceProps, occ: Occupancy, force: str | None = None) -> NormGradPlan:
+                   props: DeviceProps, occ: Occupancy, force: str | None = None,
+                   clusters: ClusterOccupancy | None = None) -> NormGradPlan:
     """Launch plan of ``op`` (``"layer_norm_backward"`` or ``"rms_norm_backward"``) over
     ``rows`` rows of ``cols`` columns of ``dtype`` (dy, x and dx alike); arguments as
-    :func:`plan_grad`.
+    :func:`plan_grad`, and ``force`` may also be ``"cluster"`` (sm_90).
+
+    ``clusters`` sizes a cluster path's grid (one wave of clusters); without it the grid
+    takes ``props.sm_count * occ(...) // cluster`` clusters.
 
     Examples
     --------
@@ -349,28 +424,41 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     >>> plan.rows.kernel, plan.rows.grid, plan.partial_rows
     ('cunorm::norm_grad_rows<cunorm::half_t, true, 8, 512, 256, 2, true, true>', 264, 264)
     """
-    _check_plan_args(op, NORM_GRAD_OPS, dtype, rows, cols, force)
+    _check_plan_args(op, NORM_GRAD_OPS, dtype, rows, cols, force, NORM_GRAD_PATHS)
+    if force == "cluster" and not props.has_clusters:
+        raise ValueError(f"{op}: path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
     itemsize = ITEMSIZE[dtype]
     pack = max_pack(cols, itemsize, align_elems)
     cfg, path = None, force
-    for path in (force,) if force else GRAD_PATHS:
-        cfg = norm_grad_config(path, op, cols, pack, itemsize)
+    for path in (force,) if force else NORM_GRAD_PATHS:
+        if path != "cluster" or (props.has_clusters and (
+                force or dtype in NORM_GRAD_CLUSTER_DTYPES[op])):
+            cfg = norm_grad_config(path, op, cols, pack, itemsize)
         if cfg is not None:
             break
     if cfg is None:
         raise ValueError(f"{op}: rows of {cols} columns do not fit the {force!r} path")
     block, bound, group, packs = cfg
     hold = path != "uncached"
-    name = norm_grad_rows_kernel(op, dtype, cols, pack, bound, group, packs, hold)
+    cluster = norm_grad_cluster_config(op, cols, pack, itemsize)[4] if path == "cluster" else 1
+    name = (norm_grad_cluster_kernel(op, dtype, cols, pack, bound, packs, cluster)
+            if cluster > 1 else norm_grad_rows_kernel(op, dtype, cols, pack, bound, group, packs,
+                                                      hold))
     smem = norm_grad_stage_bytes(cols, block, group, itemsize) if hold else 0
     per_sm = max(1, occ(name, block, smem))
     row_blocks = _cdiv(rows, block // group if group else 1)
-    # Holding: one wave of resident blocks, each looping over rows (one partial row a block).
+    # Holding: one wave of resident blocks (clusters), each looping over rows (one partial row
+    # a block or cluster): a cluster that waited for a second wave would double the time.
     waves = 1 if hold else GRAD_WAVES
-    grid = max(1, min(row_blocks, props.sm_count * per_sm * waves, MAX_GRID))
+    if cluster > 1:
+        resident = (clusters(name, cluster, block, smem) if clusters is not None
+                    else props.sm_count * per_sm // cluster)
+        grid = max(1, min(rows, resident, MAX_GRID // cluster)) * cluster
+    else:
+        grid = max(1, min(row_blocks, props.sm_count * per_sm * waves, MAX_GRID))
     col_blocks = _cdiv(cols, NORM_GRAD_COLS_BLOCK[0])
     direct = None
-    partial_rows = grid
+    partial_rows = grid // cluster
     if not hold:
         want = max(1, _cdiv(props.sm_count * NORM_GRAD_COLS_BLOCKS_PER_SM, col_blocks))
         chunk = _cdiv(rows, min(want, _cdiv(rows, NORM_GRAD_COLS_BLOCK[1])))
@@ -380,15 +468,16 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
                         (norm_grad_cols_kernel(op, dtype, False), (col_blocks, 1)))
 
 
-def all_norm_grad_kernel_names() -> list[str]:
-    """Every ``norm_grad_rows`` / ``norm_grad_cols`` instantiation :func:`plan_norm_grad`
-    can emit, forced paths included."""
+def all_norm_grad_kernel_names(arch: int = 90) -> list[str]:
+    """Every ``norm_grad_rows`` / ``norm_grad_rows_cluster`` / ``norm_grad_cols``
+    instantiation :func:`plan_norm_grad` can emit for compute capability ``arch``, forced
+    paths included."""
     names = set()
     for dtype, itemsize in ITEMSIZE.items():
         for op in NORM_GRAD_OPS:
             names.update(norm_grad_cols_kernel(op, dtype, d) for d in (False, True))
             for pack in (p for p in (1, 2, 4, 8) if p * itemsize <= 16):
-                for path in GRAD_PATHS:
+                for path in GRAD_PATHS:  # the cluster path's below
                     top = {"warp": 32 * NORM_GRAD_PACKS * pack,
                            "block": NORM_GRAD_BLOCK_MAX_THREADS * 4 * pack,
                            "uncached": pack}[path]
@@ -399,4 +488,11 @@ def all_norm_grad_kernel_names() -> list[str]:
                         if cfg is not None:
                             names.add(norm_grad_rows_kernel(op, dtype, cols, pack,
                                                             *cfg[1:], path != "uncached"))
+            pack = 16 // itemsize
+            for cols in range(pack, 8 * NORM_GRAD_CLUSTER_THREADS[-1] * 4 * pack + 1, pack):
+                cfg = norm_grad_cluster_config(op, cols, pack, itemsize) if arch >= 90 else None
+                if cfg is not None:
+                    block, bound, _, packs, cluster = cfg
+                    names.add(norm_grad_cluster_kernel(op, dtype, cols, pack, bound, packs,
+                                                       cluster))
     return sorted(names)

@@ -15,7 +15,7 @@ import importlib.resources
 from pathlib import Path
 
 from ._cache import BoundedCache
-from ._driver_launch import ensure_context
+from ._driver_launch import ensure_context, max_active_clusters
 
 # (device id, kernel name) -> cupy.RawKernel, filled lazily.
 _KERNELS: dict[tuple[int, str], object] = {}
@@ -130,11 +130,30 @@ def kernel_oracles(device_id: int, arch: int, op_file: str):
     return kernel_for, occ
 
 
+def cluster_oracle(device_id: int, kernel_for):
+    """``clusters(name, cluster, block, smem)``: the clusters of that kernel (from
+    ``kernel_for``, :func:`kernel_oracles`) device ``device_id`` runs at once, as
+    :func:`cunorm._grad_dispatch.plan_norm_grad` takes it. Answers are cached."""
+
+    def clusters(name: str, cluster: int, block: int, smem: int) -> int:
+        kernel = kernel_for(name)
+        key = (kernel.kernel.ptr, cluster, block, smem)
+        count = _CLUSTERS.get(key)
+        if count is None:
+            set_carveout(kernel, -1)  # as occupancy() asks
+            count = _CLUSTERS[key] = max_active_clusters(kernel, device_id, cluster, block,
+                                                         smem)
+        return count
+
+    return clusters
+
+
 def drop_kernels() -> None:
     """Forget every compiled kernel and what was measured of them (occupancy), so that later
     calls compile again: for measurements that swap sources or options in one process."""
     _KERNELS.clear()
     _OCCUPANCY.clear()
+    _CLUSTERS.clear()
 
 
 # CUfunction handle -> the carveout hint last given to it. The hint is an attribute of the
@@ -159,6 +178,8 @@ def set_carveout(kernel, percent: int) -> None:
 
 # (CUfunction handle, block, dynamic smem) -> blocks per SM under the driver's carveout
 _OCCUPANCY: dict[tuple[int, int, int], int] = BoundedCache()
+# (CUfunction handle, cluster, block, dynamic smem) -> clusters the device runs at once
+_CLUSTERS: dict[tuple[int, int, int, int], int] = BoundedCache()
 
 
 def occupancy(kernel, block: int, dynamic_smem: int) -> int:

@@ -18,7 +18,7 @@ from . import _array, _dispatch, _grad_dispatch
 from ._cache import BoundedCache
 from ._device import device_props
 from ._driver_launch import POINTER, KernelLaunch
-from ._kernels import kernel_oracles
+from ._kernels import cluster_oracle, kernel_oracles
 from .norm import _rows_view
 
 # (device, op, dtype, rows, cols, row strides, align, forced path)
@@ -221,7 +221,8 @@ def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, lds: tuple[i
     its values))."""
     props = device_props(dev)
     kernel_for, occ = kernel_oracles(dev, props.arch, "grad.cu")
-    plan = _grad_dispatch.plan_norm_grad(op, dtype, rows, cols, align, props, occ, forced)
+    plan = _grad_dispatch.plan_norm_grad(op, dtype, rows, cols, align, props, occ, forced,
+                                         cluster_oracle(dev, kernel_for))
     r = plan.rows
     rows_launch = KernelLaunch(kernel_for(r.kernel), dev, r.grid, r.block, _ROWS_PARAMS, r.smem)
     block = _grad_dispatch.NORM_GRAD_COLS_BLOCK

@@ -138,7 +138,11 @@ def test_paths_by_row_length(dtype, pack):
         if dtype == "float32":  # 1024 threads of two packs (float arithmetic)
             top = max(top, g.NORM_GRAD_BLOCK_MAX_THREADS * g.NORM_GRAD_FLOAT_BLOCK_PACKS * pack)
         assert plan(top, dtype, op=op).rows.path == "block"
-        assert plan(top + pack, dtype, op=op).rows.path == "uncached"
+        # past a block: a cluster (sm_90) for the dtypes measured faster there
+        on_cluster = dtype in g.NORM_GRAD_CLUSTER_DTYPES[op]
+        assert plan(top + pack, dtype, op=op).rows.path == ("cluster" if on_cluster
+                                                            else "uncached")
+        assert plan(top + pack, dtype, op=op, props=A100).rows.path == "uncached"
     # misaligned (scalar) rows: one element a thread, 1024 threads at most
     assert plan(1024, dtype, align=1).rows.path == "block"
     assert plan(1025, dtype, align=1).rows.path == "uncached"
@@ -166,7 +170,7 @@ def test_layout_of_float16_rows(cols, expect):
     # rms_norm keeps no bias sums: 16384 columns on 512 threads of 4 packs
     assert args(plan(16384, op="rms_norm_backward").rows.kernel)[3:] == ("512", "0", "4",
                                                                           "true", "true")
-    assert plan(16384).rows.path == "uncached"
+    assert plan(16384).rows.path == "cluster"
 
 
 @pytest.mark.parametrize("force", [None, *g.GRAD_PATHS])
@@ -195,12 +199,41 @@ def test_float32_blocks_of_1024_threads_take_two_packs():
     assert args(plan(4104, "float16").rows.kernel)[3:6] == ("512", "0", "2")
 
 
+def test_cluster_rows():
+    """Rows past a block (sm_90): slices of at most 512 threads on the smallest cluster that
+    holds them, else of 1024; the grid is one wave of whole clusters (the driver's count where
+    given), each writing one partial row; WIDE as on the other paths."""
+    p = plan(32768, op="rms_norm_backward")  # 4096 packs: 8 blocks of 512 threads, 1 pack
+    assert p.rows.kernel == ("cunorm::norm_grad_rows_cluster<cunorm::half_t, true, 8, 512, 1, "
+                             "true, 8>")
+    assert (p.rows.path, p.rows.block, p.hold, p.direct) == ("cluster", 512, True, None)
+    per_sm = fake_occ(H200)(p.rows.kernel, 512, 0)
+    assert p.rows.grid == H200.sm_count * per_sm // 8 * 8 and p.partial_rows == p.rows.grid // 8
+    # 8192 packs: no cluster of 8 x 512 threads holds them, 8 x 1024 do
+    assert args(plan(65536).rows.kernel)[3:] == ("1024", "1", "true", "8")
+    # float32 rms_norm: two packs a thread, in float; 12288 columns on 4 x 384 threads
+    p = plan(12288, "float32", op="rms_norm_backward")
+    assert args(p.rows.kernel)[3:] == ("512", "2", "false", "4") and p.rows.block == 384
+    # the driver's count of resident clusters sizes the grid, and rows cap it
+    p = g.plan_norm_grad("rms_norm_backward", "float16", 49152, 32768, 16, H200, fake_occ(H200),
+                         clusters=lambda kernel, cluster, block, smem: 29)
+    assert (p.rows.grid, p.partial_rows) == (29 * 8, 29)
+    assert plan(32768, rows=5, op="rms_norm_backward").rows.grid == 5 * 8
+    # forced onto short float32 rows, which keep double below NORM_GRAD_WIDE_BELOW
+    edge = g.NORM_GRAD_WIDE_BELOW
+    assert args(plan(edge - 4, "float32", force="cluster").rows.kernel)[-2] == "true"
+    assert args(plan(edge, "float32", force="cluster").rows.kernel)[-2] == "false"
+    # packs narrower than 16 bytes do not take clusters
+    with pytest.raises(ValueError, match="do not fit the 'cluster' path"):
+        plan(32768, align=4, force="cluster")
+
+
 def test_shared_memory_stays_under_48_kb():
     """The row groups' staged column sums need no opt-in: at most 48 KB a block, on every
     path of either op."""
     for dtype in _dispatch.ITEMSIZE:
         for op in g.NORM_GRAD_OPS:
-            for force in (None, *g.GRAD_PATHS):
+            for force in (None, *g.NORM_GRAD_PATHS):
                 for cols in range(1, 20000, 7):
                     for align in (1, 16):
                         try:
@@ -215,7 +248,7 @@ def test_holding_grids_are_one_wave_and_long_rows_go_direct():
     assert p.rows.grid == H200.sm_count * (H200.max_threads_per_sm // 512)  # one wave
     assert plan(8192, rows=3).rows.grid == 3 == plan(8192, rows=3).partial_rows
     assert plan(32, rows=300).rows.grid == 3  # 128 rows a block
-    u = plan(65536, rows=3000)
+    u = plan(65536, rows=3000, props=A100)
     assert u.rows.path == "uncached" and not u.hold
     name, grid, chunk = u.direct
     assert name == "cunorm::norm_grad_cols<cunorm::half_t, false, true>"
@@ -225,13 +258,16 @@ def test_holding_grids_are_one_wave_and_long_rows_go_direct():
     assert narrow.direct[1][0] * narrow.direct[1][1] >= H200.sm_count
 
 
-@pytest.mark.parametrize("force", g.GRAD_PATHS)
+@pytest.mark.parametrize("force", g.NORM_GRAD_PATHS)
 @pytest.mark.parametrize("props", [H100, A100, SMALL_80, H200])
 def test_forced_paths(force, props):
     for cols in (1, 100, 256, 264, 2048, 2056, 8192, 8200, 1 << 20):
         fits = g.norm_grad_config(force, "layer_norm_backward", cols,
                                     _dispatch.max_pack(cols, 2, 16), 2) is not None
-        if fits:
+        if force == "cluster" and not props.has_clusters:
+            with pytest.raises(ValueError, match="'cluster' needs sm_90 or newer"):
+                plan(cols, props=props, force=force)
+        elif fits:
             assert plan(cols, props=props, force=force).rows.path == force
         else:
             with pytest.raises(ValueError, match=f"do not fit the '{force}' path"):
@@ -259,7 +295,7 @@ def test_every_planned_kernel_is_listed():
         for op in g.NORM_GRAD_OPS:
             for align in (1, 2, 4, 8, 16):
                 for cols in [*range(1, 300), *range(300, 40000, 97), 1 << 20]:
-                    for force in (None, *g.GRAD_PATHS):
+                    for force in (None, *g.NORM_GRAD_PATHS):
                         try:
                             p = plan(cols, dtype, align=align, force=force, op=op)
                         except ValueError:

@@ -12,14 +12,17 @@ from _gpu import DTYPES, GPU_MARKS, TOL, cupy, poisoned_allocations, row_errors,
 
 import cunorm
 from cunorm import _dispatch, _grad_dispatch, norm_grad
+from cunorm._device import device_props
 
 pytestmark = GPU_MARKS
 OPS = ("layer_norm_backward", "rms_norm_backward")
 # Every regime edge of the planner: lane groups (1-32 packs), row groups of 64-256 threads
-# (256 packs), whole blocks (1024 packs), the uncached path past them, packs of every width.
+# (256 packs), whole blocks (1024 packs), clusters past them (12296: 16-bit layer_norm's
+# first; 32768 and 32776: slices of 1024 threads, then a larger cluster), the uncached path
+# past those, packs of every width.
 BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 66, 127, 128, 129, 132, 255, 256,
                  257, 264, 511, 512, 513, 514, 1000, 1023, 1024, 1025, 1028, 2047, 2048, 2049,
-                 2050, 2056, 4096, 4100, 8192, 8200, 16385, 65537]
+                 2050, 2056, 4096, 4100, 8192, 8200, 12296, 16385, 32768, 32776, 65537]
 
 
 def forward(op: str, x, weight):
@@ -90,6 +93,8 @@ def check(op, dtype, got, ref, what="", scale=None):
 
 
 def fits(path: str, op: str, cols: int, dtype) -> bool:
+    if path == "cluster" and not device_props(cupy.cuda.Device().id).has_clusters:
+        return False
     itemsize = np.dtype(dtype).itemsize
     pack = _dispatch.max_pack(cols, itemsize, 16)
     return _grad_dispatch.norm_grad_config(path, op, cols, pack, itemsize) is not None
@@ -108,9 +113,10 @@ def test_paths_agree_at_boundaries(op, dtype, cols, monkeypatch):
         else None
     launched = spy_launches(monkeypatch)
     results = {}
-    for path in (None, *_grad_dispatch.GRAD_PATHS):
+    for path in (None, *_grad_dispatch.NORM_GRAD_PATHS):
         if path is not None and not fits(path, op, cols, dtype):
-            with _dispatch.force_path(path), pytest.raises(ValueError, match="do not fit"):
+            with _dispatch.force_path(path), pytest.raises(ValueError,
+                                                           match="do not fit|needs sm_90"):
                 backward(op, dy, x, mean, rstd, w)
             continue
         with poisoned_allocations(), _dispatch.force_path(path):

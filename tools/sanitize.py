@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 import cunorm
-from cunorm import _dispatch
+from cunorm import _dispatch, _grad_dispatch
 
 PARTS = ("softmax", "norms", "grad", "norm_grad", "attention")
 DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
@@ -133,18 +133,18 @@ def check_grad(rng: np.random.Generator) -> int:
                         return (bwd(y, dy, out=dy if in_place else None),)
 
                     bad += _wrong_on_paths(call, (ref,), f"{bwd.__name__} in_place={in_place} "
-                                           f"{np.dtype(dt).name} {rows}x{cols}")
+                                           f"{np.dtype(dt).name} {rows}x{cols}",
+                                           _grad_dispatch.GRAD_PATHS)
         _progress(f"grad {np.dtype(dt).name}", started)
     return bad
 
 
-def _wrong_on_paths(call, refs, what: str) -> int:
-    """Outputs of ``call()`` (a tuple of arrays) with each gradient path forced that can hold
-    the row, against float64 ``refs``: the number of wrong outputs, each printed."""
-    from cunorm import _grad_dispatch
-
+def _wrong_on_paths(call, refs, what: str, paths: tuple[str, ...]) -> int:
+    """Outputs of ``call()`` (a tuple of arrays) with each gradient path of ``paths`` forced
+    that can hold the row, against float64 ``refs``: the number of wrong outputs, each
+    printed."""
     bad = 0
-    for path in _grad_dispatch.GRAD_PATHS:
+    for path in paths:
         try:
             with _dispatch.force_path(path):
                 outs = call()
@@ -164,7 +164,9 @@ def check_norm_grad(rng: np.random.Generator) -> int:
     bad = 0
     for dt in DTYPES:
         started = time.perf_counter()
-        for rows, cols in [*ROW_CASES, (3000, 64), (700, 1000), (3, 2056), (2, 8200)]:
+        # 257 x 16384: cluster grids looping over rows (a cluster holds them in every dtype)
+        for rows, cols in [*ROW_CASES, (3000, 64), (700, 1000), (3, 2056), (2, 8200),
+                           (257, 16384), (3, 32768)]:
             x = cupy.asarray((rng.standard_normal((rows, cols)) + 0.5).astype(dt))
             dy = cupy.asarray(rng.standard_normal((rows, cols)).astype(dt))
             w = cupy.asarray(rng.standard_normal(cols).astype(dt))
@@ -185,7 +187,7 @@ def check_norm_grad(rng: np.random.Generator) -> int:
                     bad += _wrong_on_paths(
                         functools.partial(bwd, dy, x, *stats, weight),
                         ref, f"{bwd.__name__} weight={weight is not None} "
-                        f"{np.dtype(dt).name} {rows}x{cols}")
+                        f"{np.dtype(dt).name} {rows}x{cols}", _grad_dispatch.NORM_GRAD_PATHS)
         _progress(f"norm_grad {np.dtype(dt).name}", started)
     return bad
 
