@@ -82,12 +82,10 @@ def _driver():
     launch.restype = ctypes.c_int
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuGetErrorName.restype = ctypes.c_int
-    try:
-        lib.cuOccupancyMaxActiveClusters.argtypes = [
-            ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(LaunchConfig)]
-        lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
-    except AttributeError:  # a driver before CUDA 12.0: no clusters either
-        pass
+    # as old as cuLaunchKernelEx (CUDA 12.0 has both)
+    lib.cuOccupancyMaxActiveClusters.argtypes = [
+        ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(LaunchConfig)]
+    lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
     return lib
 
 
@@ -209,11 +207,17 @@ class KernelLaunch:
             raise RuntimeError(f"cuLaunchKernelEx of {self._name} failed: {name} ({rc})")
 
 
+def counts_clusters() -> bool:
+    """Whether the driver library answers :func:`max_active_clusters` (CUDA 12.0+)."""
+    return _driver() is not None
+
+
 def max_active_clusters(kernel, device: int, cluster: int, block: int, shared_mem: int) -> int:
     """How many clusters of ``cluster`` blocks of ``kernel`` (compiled with those cluster
     dimensions) the device runs at once, with ``block`` threads and ``shared_mem`` bytes of
     dynamic shared memory a block: ``cuOccupancyMaxActiveClusters``, which counts the SMs a
-    cluster may share (its GPC), unlike blocks an SM times SMs over ``cluster``."""
+    cluster may share (its GPC), unlike blocks an SM times SMs over ``cluster``. Needs
+    :func:`counts_clusters`."""
     lib = _driver()
     config = LaunchConfig(grid=(cluster, 1, 1), block=(block, 1, 1), shared_mem=shared_mem)
     count = ctypes.c_int(0)

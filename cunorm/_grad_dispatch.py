@@ -1,4 +1,4 @@
-"""Pure launch planning for the softmax gradients (``cuda_src/grad.cu``).
+"""Pure launch planning for the softmax and norm gradients (``cuda_src/grad.cu``).
 
 :func:`plan_grad` maps (op, dtype, rows, cols, alignment, device, occupancy oracle) to a
 :class:`cunorm._dispatch.LaunchPlan`, as :func:`cunorm._dispatch.plan_rows` does for the
@@ -13,6 +13,10 @@ block
     :data:`GRAD_BLOCK_MAX_PACKS` packs of each a thread); read once;
 uncached
     a block reads a row of any length twice: the sum, then the write.
+
+:func:`plan_norm_grad` plans layer_norm / rms_norm gradients on the same paths and, on sm_90,
+a ``cluster`` path: a row no block holds is split over a thread-block cluster whose blocks
+each hold a slice (:data:`NORM_GRAD_PATHS`).
 """
 
 from __future__ import annotations
@@ -277,15 +281,16 @@ class NormGradPlan:
     Attributes
     ----------
     rows : LaunchPlan
-        ``norm_grad_rows``: dx, and with ``hold`` one partial row of column sums a block.
+        ``norm_grad_rows`` (``norm_grad_rows_cluster`` on the cluster path): dx, and with
+        ``hold`` one partial row of column sums a block (a cluster).
     hold : bool
-        Whether the row kernel writes the partial rows (``rows.grid`` of them); otherwise
+        Whether the row kernel writes the partial rows (``partial_rows`` of them); otherwise
         ``direct`` takes the column sums from x and dy.
     direct : tuple or None
         (kernel, grid, rows a chunk): ``norm_grad_cols`` DIRECT over (column blocks, chunks).
     partial_rows : int
-        Partial rows the final ``norm_grad_cols`` adds up (the row kernel's grid, or the
-        DIRECT pass's chunks).
+        Partial rows the final ``norm_grad_cols`` adds up (the row kernel's blocks or
+        clusters, or the DIRECT pass's chunks).
     final : tuple
         (kernel, grid) of the final ``norm_grad_cols``.
     """
@@ -453,7 +458,12 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     if cluster > 1:
         resident = (clusters(name, cluster, block, smem) if clusters is not None
                     else props.sm_count * per_sm // cluster)
-        grid = max(1, min(rows, resident, MAX_GRID // cluster)) * cluster
+        if resident < 1:  # the device cannot run one such cluster
+            if force:
+                raise ValueError(f"{op}: rows of {cols} columns do not fit the 'cluster' path: "
+                                 f"the device runs no cluster of {cluster} x {block} threads")
+            return plan_norm_grad(op, dtype, rows, cols, align_elems, props, occ, "uncached")
+        grid = min(rows, resident, MAX_GRID // cluster) * cluster
     else:
         grid = max(1, min(row_blocks, props.sm_count * per_sm * waves, MAX_GRID))
     col_blocks = _cdiv(cols, NORM_GRAD_COLS_BLOCK[0])

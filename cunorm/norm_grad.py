@@ -17,7 +17,7 @@ import numpy as np
 from . import _array, _dispatch, _grad_dispatch
 from ._cache import BoundedCache
 from ._device import device_props
-from ._driver_launch import POINTER, KernelLaunch
+from ._driver_launch import POINTER, KernelLaunch, counts_clusters
 from ._kernels import cluster_oracle, kernel_oracles
 from .norm import _rows_view
 
@@ -221,8 +221,10 @@ def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, lds: tuple[i
     its values))."""
     props = device_props(dev)
     kernel_for, occ = kernel_oracles(dev, props.arch, "grad.cu")
+    # the driver's count of resident clusters, where the driver library gives it (CUDA 12+)
+    clusters = cluster_oracle(dev, kernel_for) if counts_clusters() else None
     plan = _grad_dispatch.plan_norm_grad(op, dtype, rows, cols, align, props, occ, forced,
-                                         cluster_oracle(dev, kernel_for))
+                                         clusters)
     r = plan.rows
     rows_launch = KernelLaunch(kernel_for(r.kernel), dev, r.grid, r.block, _ROWS_PARAMS, r.smem)
     block = _grad_dispatch.NORM_GRAD_COLS_BLOCK

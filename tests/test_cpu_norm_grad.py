@@ -219,6 +219,13 @@ def test_cluster_rows():
                          clusters=lambda kernel, cluster, block, smem: 29)
     assert (p.rows.grid, p.partial_rows) == (29 * 8, 29)
     assert plan(32768, rows=5, op="rms_norm_backward").rows.grid == 5 * 8
+    # a device that runs no such cluster: read twice, or an error where forced
+    none = dict(clusters=lambda kernel, cluster, block, smem: 0)
+    assert g.plan_norm_grad("rms_norm_backward", "float16", 99, 32768, 16, H200,
+                            fake_occ(H200), **none).rows.path == "uncached"
+    with pytest.raises(ValueError, match="runs no cluster of 8 x 512 threads"):
+        g.plan_norm_grad("rms_norm_backward", "float16", 99, 32768, 16, H200, fake_occ(H200),
+                         "cluster", **none)
     # forced onto short float32 rows, which keep double below NORM_GRAD_WIDE_BELOW
     edge = g.NORM_GRAD_WIDE_BELOW
     assert args(plan(edge - 4, "float32", force="cluster").rows.kernel)[-2] == "true"

@@ -18,7 +18,7 @@ pytestmark = GPU_MARKS
 OPS = ("layer_norm_backward", "rms_norm_backward")
 # Every regime edge of the planner: lane groups (1-32 packs), row groups of 64-256 threads
 # (256 packs), whole blocks (1024 packs), clusters past them (12296: 16-bit layer_norm's
-# first; 32768 and 32776: slices of 1024 threads, then a larger cluster), the uncached path
+# first; 32768 and 32776: full and partly filled slices of a cluster of 8), the uncached path
 # past those, packs of every width.
 BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 66, 127, 128, 129, 132, 255, 256,
                  257, 264, 511, 512, 513, 514, 1000, 1023, 1024, 1025, 1028, 2047, 2048, 2049,
@@ -147,6 +147,25 @@ def test_many_rows(op, dtype, cols, with_weight, rows):
     with poisoned_allocations():
         got = backward(op, dy, x, mean, rstd, w)
     check(op, dtype, got, reference(op, dy, x, mean, rstd, w), f"{rows} x {cols}")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_cluster_grids_loop_over_rows(op, dtype):
+    """The cluster path forced on every dtype with more rows than twice the resident clusters,
+    so every cluster exchanges through its mail again after the barrier that closes a row."""
+    if not device_props(cupy.cuda.Device().id).has_clusters:
+        pytest.skip("thread-block clusters need sm_90")
+    rows, cols = 1001, 16384
+    x, dy, w = inputs((rows, cols), dtype, seed=7)
+    mean, rstd = forward(op, x, w)
+    with poisoned_allocations(), _dispatch.force_path("cluster"):
+        got = backward(op, dy, x, mean, rstd, w)
+    plan = next(p for k, (p, *_) in norm_grad._PLANS.items()
+                if k[1:5] == (op, dtype.name, rows, cols) and k[-1] == "cluster")
+    clusters = plan.partial_rows
+    assert plan.rows.path == "cluster" and rows > 2 * clusters, plan
+    check(op, dtype, got, reference(op, dy, x, mean, rstd, w), f"{clusters} clusters")
 
 
 # --- layouts and axes -------------------------------------------------------------------
