@@ -243,14 +243,23 @@ __device__ __forceinline__ V row_group_sum(V v, V* scratch) {
 // dy * xhat and dy of its columns over every row it takes; at the end the block's rows' sums
 // go in a fixed order to its partial row: partial[b][cols] (dweight's terms) and
 // partial[n + b][cols] (dbias's; layer_norm only), b the block's index among the grid's n
-// blocks (its cluster's among n clusters), which norm_grad_cols adds up. Blocks of several rows stage them in dynamic shared memory (rows * cols values).
+// blocks (its cluster's among n clusters), which norm_grad_cols adds up. Blocks of several
+// rows stage them in dynamic shared memory (rows * cols values).
 // Without HOLD a row is read twice (the sums, then the write) and nothing else is written;
 // norm_grad_cols takes the columns from x and dy then. Every pack is whole (PACK divides
 // cols). In place (dx = dy or dx = x) is safe as for softmax_grad.
 // CLUSTER > 1 (norm_grad_rows_cluster; HOLD, GROUP = 0): the CLUSTER blocks of a cluster
 // share each row, a block holding the slice [first, end) of its packs; the blocks' row sums
 // meet through ClusterMail, folded in rank order (the same bits in every block), and each
-// cluster writes one partial row of column sums, a slice a block.
+// cluster writes one partial row of column sums, a slice a block. A cluster barrier closes
+// each row, before the next exchange rewrites the peers' slots.
+// CUNORM_NORM_GRAD_MAILS=2 (for measurement) takes two mails in turn instead, without the
+// barrier: a block posts row r + 2's sums only after its wait for row r + 1's, which needs
+// every peer's post of row r + 1, made after that peer's block-wide reduction of the row,
+// so after every one of its threads read row r's slots.
+#ifndef CUNORM_NORM_GRAD_MAILS
+#define CUNORM_NORM_GRAD_MAILS 1
+#endif
 #define CUNORM_NORM_GRAD_PARAMS                                                              \
   const T *dy, const T *x, const typename NormGrad<T, RMS>::C *mean,                        \
       const typename NormGrad<T, RMS>::C *rstd, const T *weight, T *dx,                     \
@@ -266,7 +275,9 @@ __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
   constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;
   constexpr int WARP_ROWS = GROUP > 0 && GROUP < 32 ? 32 / GROUP : 1;
   __shared__ Sum2<P> scratch[33];  // the row sums are P's
-  __shared__ ClusterMail<Sum2<P>, CLUSTER> mail;  // the cluster's blocks' row sums
+  constexpr int MAILS = CLUSTER > 1 ? CUNORM_NORM_GRAD_MAILS : 1;
+  static_assert(MAILS == 1 || MAILS == 2, "one mail, or two in turn");
+  __shared__ ClusterMail<Sum2<P>, CLUSTER> mail[MAILS];  // the cluster's blocks' row sums
   const int group = GROUP > 0 ? GROUP : static_cast<int>(blockDim.x);
   const int lane = threadIdx.x % group;
   const int slot = threadIdx.x / group;
@@ -279,7 +290,11 @@ __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
   const i64 cluster = blockIdx.x / CLUSTER;
   const i64 step = nclusters * ROWS;
   A col_w[HOLD ? N : 1][PACK] = {}, col_b[HOLD && !RMS ? N : 1][PACK] = {};
-  open_mail<CLUSTER>(mail);
+  if constexpr (MAILS == 2) {
+    open_mail<CLUSTER>(mail[0], mail[1]);
+  } else {
+    open_mail<CLUSTER>(mail[0]);
+  }
   unsigned k = 0;  // exchanges so far (the mail's phase)
   for (i64 base = cluster * ROWS; base < rows; base += step, ++k) {
     // A warp of lane groups leaves as a whole, once its first row is past the end. Row groups
@@ -360,11 +375,11 @@ __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
       Sum2<P> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
       if constexpr (CLUSTER > 1) {
         if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open
-        s = mail.template exchange<SumOp<Sum2<P>>>(s, k);
+        s = mail[k % MAILS].template exchange<SumOp<Sum2<P>>>(s, k / MAILS);
       }
       packs(first + lane, px, pd, write(s, true));
       // The next row's exchange rewrites the peers' slots: every block must be done reading.
-      if (CLUSTER > 1 && base + step < rows) Cluster<CLUSTER>::sync();
+      if (CLUSTER > 1 && MAILS == 1 && base + step < rows) Cluster<CLUSTER>::sync();
     } else {
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
         Pack<T, PACK> px[N], pd[N];

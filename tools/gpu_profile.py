@@ -43,8 +43,10 @@ thread; ``long-row-variants`` the rows of 65536+ columns on forced paths and dis
 kernels built for other resident-block counts, ``uncached-rows`` rows of 4096-32768 columns
 on the uncached path with a block per row, ``ln-long-slices`` layer_norm's rows of 32768+
 columns on one block, 64 KB cluster slices and the uncached path, ``cluster-sizes`` rows of
-512 KB on clusters of 16 first or portable ones only, ``row-sources`` the norms
-built from this checkout's kernel sources against those in folder $CUNORM_BASE_SOURCES
+512 KB on clusters of 16 first or portable ones only, ``norm-grad-clusters`` the norm
+gradients on their cluster path, without it, and built with two mails in turn,
+``row-sources`` the norms built from this checkout's kernel sources against those in folder
+$CUNORM_BASE_SOURCES
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
 path, ``short-blocks``: those rows on other block sizes, ``warp-edge-blocks``: 16-bit rows
 of 1000-1536 columns on the block path against the warp path, ``warp-norm-sources``: the
@@ -57,8 +59,8 @@ attention built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
 (``attention-persistent``: both on a block per row tile, then this checkout's on the planner's
 persistent grid). The commands live in
-profile_rows.py, profile_norms.py, profile_attention.py, profile_long_rows.py and
-decode_timeline.py, helpers in profile_common.py.
+profile_rows.py, profile_norms.py, profile_attention.py, profile_long_rows.py,
+profile_grads.py and decode_timeline.py, helpers in profile_common.py.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ import sys
 
 import decode_timeline
 import profile_attention as attn
+import profile_grads as grads
 import profile_long_rows as long
 import profile_norms as norms
 import profile_rows as rows
@@ -138,7 +141,7 @@ COMMANDS = {
     "long-row-variants": long.long_row_variants,
     "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,
     "uncached-rows": long.uncached_rows, "ln-long-slices": long.ln_long_slices,
-    "cluster-sizes": long.cluster_sizes,
+    "cluster-sizes": long.cluster_sizes, "norm-grad-clusters": grads.norm_grad_clusters,
 }
 
 if __name__ == "__main__":
