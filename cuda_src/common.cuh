@@ -372,6 +372,10 @@ template <typename T, int N>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;
 }
+// Asks the L2 for the line holding p, without waiting for it or holding a register.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 // A raw pack's N values in compute type C. bfloat16 is the upper half of a float, so with
 // WORDS a 32-bit word holding two converts in one instruction a value (the first shifted up,

@@ -260,6 +260,13 @@ __device__ __forceinline__ V row_group_sum(V v, V* scratch) {
 #ifndef CUNORM_NORM_GRAD_MAILS
 #define CUNORM_NORM_GRAD_MAILS 1
 #endif
+// CUNORM_NORM_GRAD_PREFETCH=1 (for measurement): a holding thread, its row's loads issued,
+// asks the L2 for the lines of its packs of the row it takes next, so that their loads wait
+// on the L2 rather than DRAM while the row's sums meet (one block an SM has one row in
+// flight: 16-bit layer_norm's 2-pack kernels, and the cluster kernels' exchange).
+#ifndef CUNORM_NORM_GRAD_PREFETCH
+#define CUNORM_NORM_GRAD_PREFETCH 0
+#endif
 #define CUNORM_NORM_GRAD_PARAMS                                                              \
   const T *dy, const T *x, const typename NormGrad<T, RMS>::C *mean,                        \
       const typename NormGrad<T, RMS>::C *rstd, const T *weight, T *dx,                     \
@@ -371,6 +378,17 @@ __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
     if constexpr (HOLD) {
       Pack<T, PACK> px[N], pd[N];
       fetch(first + lane, px, pd);
+      if constexpr (CUNORM_NORM_GRAD_PREFETCH != 0) {
+        constexpr int LINE_PACKS = 128 / static_cast<int>(sizeof(Pack<T, PACK>));
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+          const i64 j = first + lane + static_cast<i64>(u) * group;
+          if (row + step < rows && j < end && j % LINE_PACKS == 0) {  // a thread a line
+            prefetch_l2(x + (row + step) * ld_x + j * PACK);
+            prefetch_l2(dy + (row + step) * ld_dy + j * PACK);
+          }
+        }
+      }
       packs(first + lane, px, pd, add);
       Sum2<P> s = row_group_sum<GROUP, BLOCK>(acc, scratch);
       if constexpr (CLUSTER > 1) {

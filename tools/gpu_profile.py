@@ -44,7 +44,8 @@ kernels built for other resident-block counts, ``uncached-rows`` rows of 4096-32
 on the uncached path with a block per row, ``ln-long-slices`` layer_norm's rows of 32768+
 columns on one block, 64 KB cluster slices and the uncached path, ``cluster-sizes`` rows of
 512 KB on clusters of 16 first or portable ones only, ``norm-grad-clusters`` the norm
-gradients on their cluster path, without it, and built with two mails in turn,
+gradients on their cluster path, without it, built with two mails in turn and built to
+prefetch the next row,
 ``row-sources`` the norms built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block

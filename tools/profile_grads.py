@@ -1,6 +1,7 @@
 """Gradient profiles of tools/gpu_profile.py: the norm gradients' cluster path against the
-paths it replaces or passes over, and built with two mails taken in turn
-(cuda_src/grad.cu CUNORM_NORM_GRAD_MAILS)."""
+paths it replaces or passes over, built with two mails taken in turn, and the holding paths
+built to prefetch the next row into the L2 (cuda_src/grad.cu CUNORM_NORM_GRAD_MAILS,
+CUNORM_NORM_GRAD_PREFETCH)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from cunorm import _dispatch, _grad_dispatch, norm_grad
 from cunorm._kernels import _KERNELS
 from cunorm.bench.timing import CupyEventTimer, copy_bandwidth
 
-# (dtype, cols): rows a block holds (5120-12288), rows past a block (12288-65536)
+# (dtype, cols): rows a block holds (3000-8192; 16-bit layer_norm 3000 on two 256-thread row
+# groups a block), rows past a block (16384-32768)
 CLUSTER_CASES = [(dt, cols) for dt in ("float16", "bfloat16", "float32")
-                 for cols in (5120, 8192, 12288, 16384, 32768, 65536)]
+                 for cols in (3000, 5120, 8192, 16384, 32768)]
+_MAILS, _PREFETCH = "-DCUNORM_NORM_GRAD_MAILS=2", "-DCUNORM_NORM_GRAD_PREFETCH=1"
 # (name, NVRTC options, forced path, whether clusters may be planned)
 CLUSTER_VARIANTS = [("planned", (), None, True), ("no-cluster", (), None, False),
                     ("cluster", (), "cluster", True),
-                    ("cluster-2-mails", ("-DCUNORM_NORM_GRAD_MAILS=2",), "cluster", True)]
+                    ("cluster-2-mails", (_MAILS,), "cluster", True),
+                    ("planned-prefetch", (_PREFETCH,), None, True),
+                    ("cluster-2-mails-prefetch", (_MAILS, _PREFETCH), "cluster", True)]
 
 
 def _grad_case(op: str, dt: str, rows: int, cols: int):
@@ -36,7 +41,7 @@ def _grad_case(op: str, dt: str, rows: int, cols: int):
 
 
 def norm_grad_clusters(rounds: int = 2) -> None:
-    """GB/s of x, dy and dx (49152 rows, 3072 at 65536 columns) of both norm gradients on
+    """GB/s of x, dy and dx (49152 rows, 3072 past 32768 columns) of both norm gradients on
     each CLUSTER_VARIANTS variant, variants in turn within a round, with the plan's kernel,
     block, grid and registers (NVRTC); dx's first rows compared with the first variant's."""
     timer = CupyEventTimer(pad_us=100)
