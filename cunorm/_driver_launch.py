@@ -200,11 +200,16 @@ class KernelLaunch:
                 if rc != INVALID_CONTEXT or attempt:
                     break
                 ensure_context()
-        if rc != 0:
-            err = ctypes.c_char_p()
-            lib.cuGetErrorName(rc, ctypes.byref(err))
-            name = err.value.decode() if err.value else "unknown error"
-            raise RuntimeError(f"cuLaunchKernelEx of {self._name} failed: {name} ({rc})")
+        _check(lib, rc, f"cuLaunchKernelEx of {self._name}")
+
+
+def _check(lib, rc: int, what: str) -> None:
+    """Raise RuntimeError naming ``what`` and the driver's name for ``rc`` unless it is 0."""
+    if rc != 0:
+        err = ctypes.c_char_p()
+        lib.cuGetErrorName(rc, ctypes.byref(err))
+        name = err.value.decode() if err.value else "unknown error"
+        raise RuntimeError(f"{what} failed: {name} ({rc})")
 
 
 def counts_clusters() -> bool:
@@ -225,11 +230,7 @@ def max_active_clusters(kernel, device: int, cluster: int, block: int, shared_me
     rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count),
                                           ctypes.c_void_p(_function(kernel, device)),
                                           ctypes.byref(config))
-    if rc != 0:
-        err = ctypes.c_char_p()
-        lib.cuGetErrorName(rc, ctypes.byref(err))
-        name = err.value.decode() if err.value else "unknown error"
-        raise RuntimeError(f"cuOccupancyMaxActiveClusters of {kernel.name} failed: {name} ({rc})")
+    _check(lib, rc, f"cuOccupancyMaxActiveClusters of {kernel.name}")
     return count.value
 
 
