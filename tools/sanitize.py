@@ -7,7 +7,9 @@ strided paths), ``norms`` (layer_norm and rms_norm on every row path), ``grad``
 (softmax_backward and log_softmax_backward on every path, in place too), ``norm_grad``
 (layer_norm_backward and rms_norm_backward on every path) and ``attention``; all five
 without one. Under racecheck a part takes minutes (attention minutes a shape), so
-the parts can run in separate calls. Exits non-zero if any result is wrong, so a sanitizer
+the parts can run in separate calls, and dtype names among the arguments (``float16``,
+``bfloat16``, ``float32``, ``float64``) keep only those dtypes, so one part can run as
+parallel processes. Exits non-zero if any result is wrong, so a sanitizer
 run also checks correctness.
 """
 
@@ -299,9 +301,13 @@ def check_attention(rng: np.random.Generator) -> int:
 
 
 if __name__ == "__main__":
-    chosen = tuple(sys.argv[1:]) or PARTS
+    dtype_names = {np.dtype(dt).name: dt for dt in DTYPES}
+    chosen = tuple(a for a in sys.argv[1:] if a not in dtype_names) or PARTS
     unknown = sorted(set(chosen) - set(PARTS))
     if unknown:
-        sys.exit(f"tools/sanitize.py: unknown part(s) {unknown}; expected some of {PARTS}")
+        sys.exit(f"tools/sanitize.py: unknown part(s) {unknown}; expected some of {PARTS} "
+                 f"and dtype names {sorted(dtype_names)}")
+    picked = [dtype_names[a] for a in sys.argv[1:] if a in dtype_names]
+    DTYPES = tuple(picked) or DTYPES
     sys.exit(main(chosen))
 
