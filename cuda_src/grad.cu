@@ -251,27 +251,30 @@ __device__ __forceinline__ V row_group_sum(V v, V* scratch) {
 // CLUSTER > 1 (norm_grad_rows_cluster; HOLD, GROUP = 0): the CLUSTER blocks of a cluster
 // share each row, a block holding the slice [first, end) of its packs; the blocks' row sums
 // meet through ClusterMail, folded in rank order (the same bits in every block), and each
-// cluster writes one partial row of column sums, a slice a block. A cluster barrier closes
-// each row, before the next exchange rewrites the peers' slots.
-// CUNORM_NORM_GRAD_MAILS=2 (for measurement) takes two mails in turn instead, without the
-// barrier: a block posts row r + 2's sums only after its wait for row r + 1's, which needs
-// every peer's post of row r + 1, made after that peer's block-wide reduction of the row,
-// so after every one of its threads read row r's slots.
-#ifndef CUNORM_NORM_GRAD_MAILS
-#define CUNORM_NORM_GRAD_MAILS 1
-#endif
-// CUNORM_NORM_GRAD_PREFETCH=1 (for measurement): a holding thread, its row's loads issued,
-// asks the L2 for the lines of its packs of the row it takes next, so that their loads wait
-// on the L2 rather than DRAM while the row's sums meet (one block an SM has one row in
-// flight: 16-bit layer_norm's 2-pack kernels, and the cluster kernels' exchange).
+// cluster writes one partial row of column sums, a slice a block. Rows take two mails in
+// turn, with no cluster barrier between rows: a block posts row r + 2's sums only after its
+// wait for row r + 1's, which needs every peer's post of row r + 1, made after that peer's
+// block-wide reduction of the row, so after every one of its threads read row r's slots.
+// (One mail and a cluster barrier closing each row took 1.13-1.34x the time on an H200,
+// session 80: benchmarks/results/nvidia-h200-2026-11-29-session80-cluster-profile.txt.)
+// prefetch != 0: a holding thread, its row's loads issued, asks the L2 for the lines of its
+// packs of the row it takes next, so that their loads wait on the L2 rather than DRAM while
+// the row's sums meet. The planner asks for it where an SM has few bytes of rows in flight
+// (_grad_dispatch.NORM_GRAD_PREFETCH_BELOW says where, from measurement). Rows of lane
+// groups within a warp (the warp path, GROUP <= 32) never prefetch: float64 layer_norm's 2-
+// and 4-lane kernels spilled 4 bytes with it (nvcc 13, sm_90), and the path has many rows in
+// flight an SM. CUNORM_NORM_GRAD_PREFETCH (for measurement) overrides the argument: 0
+// never, 1 always (the warp path too).
 #ifndef CUNORM_NORM_GRAD_PREFETCH
-#define CUNORM_NORM_GRAD_PREFETCH 0
+#define CUNORM_NORM_GRAD_PREFETCH -1
 #endif
 #define CUNORM_NORM_GRAD_PARAMS                                                              \
   const T *dy, const T *x, const typename NormGrad<T, RMS>::C *mean,                        \
       const typename NormGrad<T, RMS>::C *rstd, const T *weight, T *dx,                     \
-      typename NormGrad<T, RMS>::P *partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x, i64 ld_dx
-#define CUNORM_NORM_GRAD_ARGS dy, x, mean, rstd, weight, dx, partial, rows, cols, ld_dy, ld_x, ld_dx
+      typename NormGrad<T, RMS>::P *partial, i64 rows, i64 cols, i64 ld_dy, i64 ld_x,       \
+      i64 ld_dx, i64 prefetch
+#define CUNORM_NORM_GRAD_ARGS \
+  dy, x, mean, rstd, weight, dx, partial, rows, cols, ld_dy, ld_x, ld_dx, prefetch
 template <typename T, bool RMS, int PACK, int BLOCK, int GROUP, int N, bool HOLD, bool WIDE,
           int CLUSTER>
 __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
@@ -282,8 +285,12 @@ __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
   constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;
   constexpr int WARP_ROWS = GROUP > 0 && GROUP < 32 ? 32 / GROUP : 1;
   __shared__ Sum2<P> scratch[33];  // the row sums are P's
-  constexpr int MAILS = CLUSTER > 1 ? CUNORM_NORM_GRAD_MAILS : 1;
-  static_assert(MAILS == 1 || MAILS == 2, "one mail, or two in turn");
+  constexpr int MAILS = CLUSTER > 1 ? 2 : 1;
+  // whether the kernel has the prefetch code (then prefetch says whether it runs)
+  constexpr bool PREFETCH =
+      HOLD && (CUNORM_NORM_GRAD_PREFETCH < 0 ? GROUP == 0 || GROUP > 32
+                                             : CUNORM_NORM_GRAD_PREFETCH != 0);
+  if (CUNORM_NORM_GRAD_PREFETCH >= 0) prefetch = CUNORM_NORM_GRAD_PREFETCH;
   __shared__ ClusterMail<Sum2<P>, CLUSTER> mail[MAILS];  // the cluster's blocks' row sums
   const int group = GROUP > 0 ? GROUP : static_cast<int>(blockDim.x);
   const int lane = threadIdx.x % group;
@@ -378,12 +385,12 @@ __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
     if constexpr (HOLD) {
       Pack<T, PACK> px[N], pd[N];
       fetch(first + lane, px, pd);
-      if constexpr (CUNORM_NORM_GRAD_PREFETCH != 0) {
+      if constexpr (PREFETCH) {
         constexpr int LINE_PACKS = 128 / static_cast<int>(sizeof(Pack<T, PACK>));
 #pragma unroll
         for (int u = 0; u < N; ++u) {
           const i64 j = first + lane + static_cast<i64>(u) * group;
-          if (row + step < rows && j < end && j % LINE_PACKS == 0) {  // a thread a line
+          if (prefetch != 0 && row + step < rows && j < end && j % LINE_PACKS == 0) {
             prefetch_l2(x + (row + step) * ld_x + j * PACK);
             prefetch_l2(dy + (row + step) * ld_dy + j * PACK);
           }
@@ -396,8 +403,6 @@ __device__ __forceinline__ void norm_grad_body(CUNORM_NORM_GRAD_PARAMS) {
         s = mail[k % MAILS].template exchange<SumOp<Sum2<P>>>(s, k / MAILS);
       }
       packs(first + lane, px, pd, write(s, true));
-      // The next row's exchange rewrites the peers' slots: every block must be done reading.
-      if (CLUSTER > 1 && MAILS == 1 && base + step < rows) Cluster<CLUSTER>::sync();
     } else {
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
         Pack<T, PACK> px[N], pd[N];

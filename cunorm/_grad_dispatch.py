@@ -242,24 +242,41 @@ NORM_GRAD_UNCACHED_PACKS = {2: 2, 4: 1, 8: 1}
 #: threads (else [1]) of NORM_GRAD_CLUSTER_PACKS[op][itemsize] packs of 16 bytes (grad.cu
 #: norm_grad_rows_cluster), so it is read once; the blocks' row sums meet through distributed
 #: shared memory. Unforced, only rows no block holds take it, and only of the dtypes of
-#: NORM_GRAD_CLUSTER_DTYPES[op]. H200, one process, GB/s of x, dy and dx, 49152 rows (3072
-#: at 65536), read twice -> cluster (benchmarks/results/
-#: nvidia-h200-2026-11-29-session79-cluster-profile.txt): rms_norm float32 12288 2185 -> 2599,
-#: 16384 2007 -> 2784, 32768 1817 -> 2507, float16 32768 1982 -> 2512, 65536 1723 -> 1746;
-#: layer_norm float16 16384 1690 -> 2066, 32768 1776 -> 1982, 65536 1595 -> 1686; but
-#: layer_norm float32 12288-32768 lost 6-24% (one pack a thread: with two its kernel spilled 4
-#: bytes at the 64 registers ptxas gave it, nvcc 13, sm_90), and rows a block holds ran
-#: 0.50-0.79x on clusters (16-bit layer_norm 5120: 1.04x): each row costs a cluster barrier
-#: and an exchange that no other row's loads overlap. bfloat16 is not measured in one process:
-#: its rms_norm cluster kernels take 60 registers where float16's take 40 (2 blocks of 512
-#: threads an SM, not 3), and in the sweep table (GPU-958e602a) ran 32768 and 65536 columns
-#: at 1900 and 1611 GB/s against 1957 and 1716 read twice on another H200 that morning.
+#: NORM_GRAD_CLUSTER_DTYPES[op] (float64 is not measured). H200, one process, GB/s of x, dy
+#: and dx, 49152 rows, read twice -> cluster (two mails in turn and the L2 prefetch, grad.cu;
+#: benchmarks/results/nvidia-h200-2026-11-29-session80-cluster-profile.txt):
+#: rms_norm float32 16384 1985 -> 3697, 32768 1818 -> 3589, float16 32768 1975 -> 3037,
+#: bfloat16 32768 1935 -> 2684; layer_norm float16 16384 1691 -> 2752, 32768 1787 -> 2675,
+#: bfloat16 16384 1692 -> 2670, 32768 1774 -> 2503, float32 16384 2231 -> 2738, 32768
+#: 1902 -> 2559. Rows a block holds stay on it: at 3000-8192 columns clusters ran 0.72-0.96x
+#: of the block kernels with their prefetch but for 5120 columns (16-bit layer_norm 1.08x and
+#: 1.15x, float32 rms_norm 1.04x; the block kernels there have 320 or 640 threads an SM).
+#: float32 takes two packs a thread (16-bit one): float32 layer_norm 12288 and 24576 columns
+#: ran 2891 -> 3425 and 2262 -> 3248 GB/s with two rather than one, float32 rms_norm 0.93-0.95x
+#: with one (session80-prefetch-profile.txt, "packs-swapped"). Session 79's kernels, a cluster
+#: barrier a row and no prefetch, gained 1.06-1.39x and lost on float32 layer_norm, whose
+#: two-pack kernel then spilled 4 bytes at 64 registers (it no longer does; nvcc 13, sm_90)
+#: (nvidia-h200-2026-11-29-session79-cluster-profile.txt).
 NORM_GRAD_CLUSTER_SIZES = CLUSTER_SIZES
 NORM_GRAD_CLUSTER_THREADS = (512, 1024)
-NORM_GRAD_CLUSTER_PACKS = {"layer_norm_backward": {2: 1, 4: 1, 8: 1},
+NORM_GRAD_CLUSTER_PACKS = {"layer_norm_backward": {2: 1, 4: 2, 8: 1},
                            "rms_norm_backward": {2: 1, 4: 2, 8: 1}}
-NORM_GRAD_CLUSTER_DTYPES = {"layer_norm_backward": ("float16",),
-                            "rms_norm_backward": ("float16", "float32")}
+NORM_GRAD_CLUSTER_DTYPES = {"layer_norm_backward": ("float16", "bfloat16", "float32"),
+                            "rms_norm_backward": ("float16", "bfloat16", "float32")}
+#: A holding row kernel prefetches (grad.cu: once a row's loads are issued, a thread asks the
+#: L2 for its lines of its next row) on the cluster path, and on the block path (rows of lane
+#: groups of more than a warp included) where an SM holds one row at a time or fewer than
+#: NORM_GRAD_PREFETCH_BELOW bytes of x and dy (resident blocks x rows a block x cols x 2 x
+#: itemsize): with more in flight the SM hides DRAM latency already, and the prefetch only
+#: adds requests. H200, one process, 49152 rows, GB/s with / without
+#: (benchmarks/results/nvidia-h200-2026-11-29-session80-prefetch-profile.txt): below it,
+#: 16-bit layer_norm 512-8192 columns 0.99-1.24x (32 KB and less), float32 3000 1.09-1.12x and
+#: 16-bit rms_norm 3000 1.06-1.07x (47 KB), bfloat16 rms_norm 512 and 1024 1.04-1.07x (32 KB);
+#: from it, 0.91-0.97x: float32 512-4096 and 16-bit rms_norm 2048-8192 (60-64 KB), float16
+#: rms_norm 512 and 1024 (48 KB); one row an SM: float32 5120 1.11-1.16x, 8192 1.05-1.06x,
+#: float16 rms_norm 16384 1.07x, but bfloat16 rms_norm 16384 0.95x. The cluster kernels
+#: 1.02-1.21x (session80-cluster-profile.txt).
+NORM_GRAD_PREFETCH_BELOW = 48 * 1024
 #: float32 rows of fewer columns work in double (the row kernel's WIDE, cuda_src/grad.cu
 #: NormGrad), longer ones in float but for the row sums: on 2-7 columns float arithmetic left
 #: dx 1.7e-5 off (DESIGN's bound: 2e-6), as dx is what g keeps of its projection on 1 and
@@ -293,6 +310,8 @@ class NormGradPlan:
         clusters, or the DIRECT pass's chunks).
     final : tuple
         (kernel, grid) of the final ``norm_grad_cols``.
+    prefetch : bool
+        Whether the row kernel asks the L2 for each next row (NORM_GRAD_PREFETCH_BELOW).
     """
 
     rows: LaunchPlan
@@ -300,6 +319,7 @@ class NormGradPlan:
     direct: tuple[str, tuple[int, int], int] | None
     partial_rows: int
     final: tuple[str, tuple[int, int]]
+    prefetch: bool = False
 
 
 def norm_grad_rows_kernel(op: str, dtype: str, cols: int, pack: int, bound: int, group: int,
@@ -474,8 +494,12 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
         chunk = _cdiv(rows, min(want, _cdiv(rows, NORM_GRAD_COLS_BLOCK[1])))
         partial_rows = _cdiv(rows, chunk)
         direct = (norm_grad_cols_kernel(op, dtype, True), (col_blocks, partial_rows), chunk)
+    rows_in_flight = min(per_sm, _cdiv(grid, props.sm_count)) * (block // group if group else 1)
+    prefetch = hold and (cluster > 1 or (group == 0 or group > 32) and (
+        rows_in_flight == 1
+        or rows_in_flight * cols * 2 * itemsize < NORM_GRAD_PREFETCH_BELOW))
     return NormGradPlan(LaunchPlan(path, name, grid, block, smem), hold, direct, partial_rows,
-                        (norm_grad_cols_kernel(op, dtype, False), (col_blocks, 1)))
+                        (norm_grad_cols_kernel(op, dtype, False), (col_blocks, 1)), prefetch)
 
 
 def all_norm_grad_kernel_names(arch: int = 90) -> list[str]:

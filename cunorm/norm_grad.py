@@ -24,8 +24,9 @@ from .norm import _rows_view
 # (device, op, dtype, rows, cols, row strides, align, forced path)
 #   -> (NormGradPlan, the rows' KernelLaunch, the DIRECT columns' or None, the final columns')
 _PLANS: dict[tuple, tuple] = BoundedCache()
-# norm_grad_rows: dy, x, mean, rstd, weight, dx, partial, then rows, cols, ld_dy, ld_x, ld_dx
-_ROWS_PARAMS = (*(POINTER,) * 7, 8, 8, 8, 8, 8)
+# norm_grad_rows: dy, x, mean, rstd, weight, dx, partial, then rows, cols, ld_dy, ld_x, ld_dx,
+# prefetch
+_ROWS_PARAMS = (*(POINTER,) * 7, 8, 8, 8, 8, 8, 8)
 # norm_grad_cols: dy, x, mean, rstd, part_in, part_out, dweight, dbias, then rows, cols,
 # ld_dy, ld_x, chunk
 _COLS_PARAMS = (*(POINTER,) * 8, 8, 8, 8, 8, 8)
@@ -234,7 +235,7 @@ def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, lds: tuple[i
         direct = (KernelLaunch(kernel_for(name), dev, grid, block, _COLS_PARAMS),
                   _values(rows, cols, *lds, chunk))
     final = KernelLaunch(kernel_for(plan.final[0]), dev, plan.final[1], block, _COLS_PARAMS)
-    return (plan, (rows_launch, _values(rows, cols, *lds, cols)), direct,
+    return (plan, (rows_launch, _values(rows, cols, *lds, cols, plan.prefetch)), direct,
             (final, _values(plan.partial_rows, cols, 0, 0, 0)))
 
 

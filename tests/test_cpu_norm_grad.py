@@ -199,6 +199,29 @@ def test_float32_blocks_of_1024_threads_take_two_packs():
     assert args(plan(4104, "float16").rows.kernel)[3:6] == ("512", "0", "2")
 
 
+def test_prefetch_where_an_sm_has_little_in_flight():
+    """The row kernel asks for each next row on the cluster path, and on the block path where
+    an SM holds one row or fewer than NORM_GRAD_PREFETCH_BELOW bytes of x and dy; never on the
+    warp and uncached paths."""
+    def prefetch(cols, dtype, per_sm, *, op="layer_norm_backward", rows=49152, force=None):
+        return g.plan_norm_grad(op, dtype, rows, cols, 16, H200,
+                                lambda kernel, block, smem: per_sm, force).prefetch
+
+    # float32, 2 blocks of one row an SM: 3000 columns hold 47 KB, 4096 64 KB
+    assert prefetch(3000, "float32", 2) and not prefetch(4096, "float32", 2)
+    assert g.NORM_GRAD_PREFETCH_BELOW == 48 * 1024
+    # one row an SM, whatever it holds; a grid of one block an SM holds one row too
+    assert prefetch(8192, "float32", 1) and prefetch(4096, "float32", 2, rows=132)
+    # 16-bit rows of 2048 columns: 4 rows a 512-thread block (32 KB a block)
+    assert prefetch(2048, "float16", 1)
+    assert not prefetch(2048, "float16", 2, op="rms_norm_backward")
+    # the warp path (lane groups of a warp) and the uncached path never; clusters always
+    assert not prefetch(256, "float16", 1) and plan(256).rows.path == "warp"
+    assert not prefetch(3000, "float32", 1, force="uncached")
+    assert prefetch(32768, "float16", 4, op="rms_norm_backward")
+    assert plan(32768, op="rms_norm_backward").rows.path == "cluster"
+
+
 def test_cluster_rows():
     """Rows past a block (sm_90): slices of at most 512 threads on the smallest cluster that
     holds them, else of 1024; the grid is one wave of whole clusters (the driver's count where
@@ -211,9 +234,10 @@ def test_cluster_rows():
     assert p.rows.grid == H200.sm_count * per_sm // 8 * 8 and p.partial_rows == p.rows.grid // 8
     # 8192 packs: no cluster of 8 x 512 threads holds them, 8 x 1024 do
     assert args(plan(65536).rows.kernel)[3:] == ("1024", "1", "true", "8")
-    # float32 rms_norm: two packs a thread, in float; 12288 columns on 4 x 384 threads
-    p = plan(12288, "float32", op="rms_norm_backward")
-    assert args(p.rows.kernel)[3:] == ("512", "2", "false", "4") and p.rows.block == 384
+    # float32: two packs a thread, in float; 12288 columns on 4 x 384 threads
+    for op in g.NORM_GRAD_OPS:
+        p = plan(12288, "float32", op=op)
+        assert args(p.rows.kernel)[3:] == ("512", "2", "false", "4") and p.rows.block == 384
     # the driver's count of resident clusters sizes the grid, and rows cap it
     p = g.plan_norm_grad("rms_norm_backward", "float16", 49152, 32768, 16, H200, fake_occ(H200),
                          clusters=lambda kernel, cluster, block, smem: 29)

@@ -44,8 +44,9 @@ kernels built for other resident-block counts, ``uncached-rows`` rows of 4096-32
 on the uncached path with a block per row, ``ln-long-slices`` layer_norm's rows of 32768+
 columns on one block, 64 KB cluster slices and the uncached path, ``cluster-sizes`` rows of
 512 KB on clusters of 16 first or portable ones only, ``norm-grad-clusters`` the norm
-gradients on their cluster path, without it, built with two mails in turn and built to
-prefetch the next row,
+gradients on their cluster path, without it, and built without and with the L2 prefetch of
+the next row everywhere, ``norm-grad-prefetch`` that prefetch over the shorter rows'
+kernels and cluster layouts of float32 rows of 12288 and 24576 columns,
 ``row-sources`` the norms built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
@@ -143,6 +144,7 @@ COMMANDS = {
     "long-row-kernels": long.long_row_kernels, "cluster-blocks": long.cluster_blocks,
     "uncached-rows": long.uncached_rows, "ln-long-slices": long.ln_long_slices,
     "cluster-sizes": long.cluster_sizes, "norm-grad-clusters": grads.norm_grad_clusters,
+    "norm-grad-prefetch": grads.norm_grad_prefetch,
 }
 
 if __name__ == "__main__":

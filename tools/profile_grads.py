@@ -1,7 +1,6 @@
 """Gradient profiles of tools/gpu_profile.py: the norm gradients' cluster path against the
-paths it replaces or passes over, built with two mails taken in turn, and the holding paths
-built to prefetch the next row into the L2 (cuda_src/grad.cu CUNORM_NORM_GRAD_MAILS,
-CUNORM_NORM_GRAD_PREFETCH)."""
+paths it replaces or passes over, and the holding kernels built without their L2 prefetch of
+the next row and with it everywhere (cuda_src/grad.cu CUNORM_NORM_GRAD_PREFETCH)."""
 
 from __future__ import annotations
 
@@ -16,15 +15,35 @@ from cunorm.bench.timing import CupyEventTimer, copy_bandwidth
 
 # (dtype, cols): rows a block holds (3000-8192; 16-bit layer_norm 3000 on two 256-thread row
 # groups a block), rows past a block (16384-32768)
-CLUSTER_CASES = [(dt, cols) for dt in ("float16", "bfloat16", "float32")
+CLUSTER_CASES = [(op, dt, cols) for op in _grad_dispatch.NORM_GRAD_OPS
+                 for dt in ("float16", "bfloat16", "float32")
                  for cols in (3000, 5120, 8192, 16384, 32768)]
-_MAILS, _PREFETCH = "-DCUNORM_NORM_GRAD_MAILS=2", "-DCUNORM_NORM_GRAD_PREFETCH=1"
-# (name, NVRTC options, forced path, whether clusters may be planned)
-CLUSTER_VARIANTS = [("planned", (), None, True), ("no-cluster", (), None, False),
-                    ("cluster", (), "cluster", True),
-                    ("cluster-2-mails", (_MAILS,), "cluster", True),
-                    ("planned-prefetch", (_PREFETCH,), None, True),
-                    ("cluster-2-mails-prefetch", (_MAILS, _PREFETCH), "cluster", True)]
+_NO_PREFETCH, _PREFETCH = "-DCUNORM_NORM_GRAD_PREFETCH=0", "-DCUNORM_NORM_GRAD_PREFETCH=1"
+_NO_CLUSTERS = {"NORM_GRAD_CLUSTER_DTYPES": {op: () for op in _grad_dispatch.NORM_GRAD_OPS}}
+# (name, NVRTC options, forced path, _grad_dispatch constants replaced)
+CLUSTER_VARIANTS = [("planned", (), None, {}), ("no-cluster", (), None, _NO_CLUSTERS),
+                    ("cluster", (), "cluster", {}),
+                    ("planned-no-prefetch", (_NO_PREFETCH,), None, {}),
+                    ("planned-prefetch", (_PREFETCH,), None, {}),
+                    ("cluster-no-prefetch", (_NO_PREFETCH,), "cluster", {})]
+# The prefetch rule over the warp, row-group and block kernels (128-8192 columns), and the
+# cluster layouts of float32 rows of 12288 and 24576 columns (slices of at most 1024 or 256
+# threads first; clusters of 3 and 6 blocks, whose slices of 12288 columns are 512 threads)
+PREFETCH_CASES = [(op, dt, cols) for op in _grad_dispatch.NORM_GRAD_OPS
+                  for dt in ("float16", "bfloat16", "float32")
+                  for cols in (128, 256, 512, 1024, 2048, 3000, 4096, 5120, 8192)]
+PREFETCH_VARIANTS = [("planned", (), None, {}), ("no-prefetch", (_NO_PREFETCH,), None, {}),
+                     ("prefetch", (_PREFETCH,), None, {})]
+SHAPE_CASES = [(op, "float32", cols) for op in _grad_dispatch.NORM_GRAD_OPS
+               for cols in (12288, 24576)]
+SHAPE_VARIANTS = [("planned", (), None, {}), ("no-cluster", (), None, _NO_CLUSTERS),
+                  ("slices-1024", (), "cluster", {"NORM_GRAD_CLUSTER_THREADS": (1024,)}),
+                  ("slices-256", (), "cluster", {"NORM_GRAD_CLUSTER_THREADS": (256, 1024)}),
+                  ("sizes-2-3-4-6-8", (), "cluster",
+                   {"NORM_GRAD_CLUSTER_SIZES": (2, 3, 4, 6, 8)}),
+                  ("packs-swapped", (), "cluster",  # layer_norm 2 packs, rms_norm 1
+                   {"NORM_GRAD_CLUSTER_PACKS": {"layer_norm_backward": {2: 1, 4: 2, 8: 1},
+                                                "rms_norm_backward": {2: 1, 4: 1, 8: 1}}})]
 
 
 def _grad_case(op: str, dt: str, rows: int, cols: int):
@@ -41,20 +60,34 @@ def _grad_case(op: str, dt: str, rows: int, cols: int):
 
 
 def norm_grad_clusters(rounds: int = 2) -> None:
-    """GB/s of x, dy and dx (49152 rows, 3072 past 32768 columns) of both norm gradients on
-    each CLUSTER_VARIANTS variant, variants in turn within a round, with the plan's kernel,
-    block, grid and registers (NVRTC); dx's first rows compared with the first variant's."""
+    """The cluster path against the paths it replaces or passes over, and the holding kernels
+    without and with their L2 prefetch everywhere (CLUSTER_CASES, CLUSTER_VARIANTS)."""
+    _norm_grad_variants(CLUSTER_CASES, CLUSTER_VARIANTS, rounds)
+
+
+def norm_grad_prefetch(rounds: int = 2) -> None:
+    """The prefetch rule over the warp, row-group and block kernels, then cluster layouts of
+    float32 rows (PREFETCH_* and SHAPE_* cases and variants)."""
+    _norm_grad_variants(PREFETCH_CASES, PREFETCH_VARIANTS, rounds)
+    _norm_grad_variants(SHAPE_CASES, SHAPE_VARIANTS, rounds)
+
+
+def _norm_grad_variants(cases, variants, rounds: int) -> None:
+    """GB/s of x, dy and dx (49152 rows, 3072 past 32768 columns) of each (op, dtype, cols)
+    case on each (name, NVRTC options, forced path, _grad_dispatch constants) variant,
+    variants in turn within a round, with the plan's kernel, block, grid and registers
+    (NVRTC); dx's first rows compared with the first variant's."""
     timer = CupyEventTimer(pad_us=100)
     print(f"copy {copy_bandwidth(timer):.0f} GB/s", flush=True)
-    planned = _grad_dispatch.NORM_GRAD_CLUSTER_DTYPES
-    cases = [(op, dt, cols) for op in _grad_dispatch.NORM_GRAD_OPS for dt, cols in CLUSTER_CASES]
     gbps: dict[tuple, dict[str, list[float]]] = {}
     first: dict[tuple, np.ndarray] = {}  # each case's dx rows on the first variant
     for rnd in range(rounds):
-        for name, options, path, clusters in CLUSTER_VARIANTS:
+        for name, options, path, consts in variants:
             _build_with(options)
-            _grad_dispatch.NORM_GRAD_CLUSTER_DTYPES = (
-                planned if clusters else {op: () for op in planned})
+            saved = {k: getattr(_grad_dispatch, k) for k in consts}
+            for k, v in consts.items():
+                setattr(_grad_dispatch, k, v)
+            _dispatch._drop_cached_plans()
             for op, dt, cols in cases:
                 nbytes, call = _grad_case(op, dt, 49152 if cols <= 32768 else 3072, cols)
                 try:
@@ -74,10 +107,13 @@ def norm_grad_clusters(rounds: int = 2) -> None:
                           f"block {plan.rows.block} grid {plan.rows.grid} regs {regs} "
                           f"dx diff {np.abs(head - ref).max() / np.abs(ref).max():.1e}",
                           flush=True)
-            _grad_dispatch.NORM_GRAD_CLUSTER_DTYPES = planned
+            for k, v in saved.items():
+                setattr(_grad_dispatch, k, v)
+            _dispatch._drop_cached_plans()
     _build_with(())
+    base_name = variants[0][0]
     for (op, dt, cols), by in gbps.items():
-        base = max(by.get("no-cluster", [np.nan]))
+        base = max(by.get(base_name, [np.nan]))
         cells = "  ".join(f"{n} {'/'.join(f'{v:.0f}' for v in r)} ({max(r) / base:.3f})"
                           for n, r in by.items())
         print(f"{op[:3]} {dt:8s} {cols:6d}  {cells}", flush=True)
