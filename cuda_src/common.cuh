@@ -1227,7 +1227,9 @@ __device__ __forceinline__ void mail_wait(unsigned long long* bar, unsigned pari
 // calls Cluster::arrive_relaxed(), and Cluster::wait() before the first post: a peer may post
 // only to an initialized mbarrier. The k-th exchange (k = 0, 1, ...) waits for phase parity
 // k & 1. Slots are rewritten by the next exchange: a caller that exchanges again through the
-// same mail (another row) must first pass a Cluster::sync(), so no block still reads them.
+// same mail (another row) must first pass a Cluster::sync(), so no block still reads them,
+// or take two mails in turn with a block-wide barrier between a block's read of an exchange
+// and its next post (grad.cu norm_grad_body says why that is enough).
 // A block needs no barrier before exit: every post to it completes before its own wait ends.
 // A block's mail counter: all of ClusterMail's state but its slots, for a caller that keeps
 // them elsewhere (the strided softmax's state rows, in dynamic shared memory).
