@@ -906,6 +906,22 @@ def test_norm_grad_peer_notes() -> None:
         assert ("has no CUDA aten._fused_rms_norm_backward" in note) == OPS[name].rms
 
 
+def test_fused_rms_probe_not_fooled_by_a_reused_id() -> None:
+    """torch_fused_rms's cache answers for the object it probed, not for a later object that
+    got the same id (a dead stand-in's answer once failed test_norm_grad_peer_notes in CI)."""
+    from types import SimpleNamespace
+
+    from cunorm.bench import ops
+
+    no_fused = SimpleNamespace(ops=SimpleNamespace(aten=SimpleNamespace()))
+    ops._FUSED_RMS[id(no_fused)] = (object(), True)  # as if a dead object held this id
+    try:
+        assert ops.torch_fused_rms(no_fused) is False
+        assert ops._FUSED_RMS[id(no_fused)] == (no_fused, False)
+    finally:
+        del ops._FUSED_RMS[id(no_fused)]
+
+
 def test_norm_grad_method_paragraph() -> None:
     from cunorm.bench.report import method_paragraph
 

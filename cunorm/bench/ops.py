@@ -520,7 +520,7 @@ def torch_fused_rms(torch: Any) -> bool:
     (on CUDA where it has a GPU, else on the CPU): tried once on a tiny tensor, since an op can
     exist without a kernel for the device."""
     key = id(torch)
-    if key not in _FUSED_RMS:
+    if key not in _FUSED_RMS or _FUSED_RMS[key][0] is not torch:
         aten = torch.ops.aten
         ok = hasattr(aten, "_fused_rms_norm") and hasattr(aten, "_fused_rms_norm_backward")
         if ok:
@@ -531,11 +531,13 @@ def torch_fused_rms(torch: Any) -> bool:
                 aten._fused_rms_norm_backward(x, x, [4], rstd, x[0], [True, True])
             except Exception:
                 ok = False
-        _FUSED_RMS[key] = ok
-    return _FUSED_RMS[key]
+        _FUSED_RMS[key] = (torch, ok)
+    return _FUSED_RMS[key][1]
 
 
-_FUSED_RMS: dict[int, bool] = {}
+# id(torch) -> (torch, whether it runs them). The entry holds the object, so its id is not
+# reused by another (a test's stand-in for torch once got a dead stand-in's answer by its id).
+_FUSED_RMS: dict[int, tuple[Any, bool]] = {}
 
 
 def residual_sum(x: Any, r: Any) -> Any:
