@@ -164,7 +164,7 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     block, bound, group, packs = cfg
     name = grad_kernel(op, dtype, pack, bound, group, packs, path != "uncached")
     per_sm = max(1, occ(name, block, 0))
-    row_blocks = _cdiv(rows, block // group if group else 1)
+    row_blocks = _cdiv(rows, _rows_a_block(block, group))
     grid = max(1, min(row_blocks, props.sm_count * per_sm * GRAD_WAVES, MAX_GRID))
     return LaunchPlan(path, name, grid, block, 0)
 
@@ -411,10 +411,16 @@ def norm_grad_cluster_config(op: str, cols: int, pack: int,
     return None
 
 
+def _rows_a_block(block: int, group: int) -> int:
+    """Rows a block of ``block`` threads takes at a time: one a lane group of ``group``
+    threads (0: the whole block takes one)."""
+    return block // group if group else 1
+
+
 def norm_grad_stage_bytes(cols: int, block: int, group: int, itemsize: int) -> int:
     """Dynamic shared memory of a holding row kernel: the column sums of its rows, staged to
     be added in order (none for a block of one row)."""
-    rows = block // group if group else 1
+    rows = _rows_a_block(block, group)
     return rows * cols * _acc_size(itemsize) if rows > 1 else 0
 
 
@@ -471,7 +477,7 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
                                                       hold))
     smem = norm_grad_stage_bytes(cols, block, group, itemsize) if hold else 0
     per_sm = max(1, occ(name, block, smem))
-    row_blocks = _cdiv(rows, block // group if group else 1)
+    row_blocks = _cdiv(rows, _rows_a_block(block, group))
     # Holding: one wave of resident blocks (clusters), each looping over rows (one partial row
     # a block or cluster): a cluster that waited for a second wave would double the time.
     waves = 1 if hold else GRAD_WAVES
@@ -494,7 +500,7 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
         chunk = _cdiv(rows, min(want, _cdiv(rows, NORM_GRAD_COLS_BLOCK[1])))
         partial_rows = _cdiv(rows, chunk)
         direct = (norm_grad_cols_kernel(op, dtype, True), (col_blocks, partial_rows), chunk)
-    rows_in_flight = min(per_sm, _cdiv(grid, props.sm_count)) * (block // group if group else 1)
+    rows_in_flight = min(per_sm, _cdiv(grid, props.sm_count)) * _rows_a_block(block, group)
     prefetch = hold and (cluster > 1 or (group == 0 or group > 32) and (
         rows_in_flight == 1
         or rows_in_flight * cols * 2 * itemsize < NORM_GRAD_PREFETCH_BELOW))
