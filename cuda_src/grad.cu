@@ -20,10 +20,12 @@ namespace cunorm {
 // by its last rounding alone. 16-bit inputs work in float, float64 in double.
 // log_softmax's exp(y) near 1 cancels against dy where dy is (close to) one-hot, as under a
 // cross-entropy loss with a confident prediction: dx_t = p_t - 1. There exp(y) off by its
-// rounding (1e-7 of 1 in float) is 1e-2 of a result of 1e-5 (torch computes so). The largest
-// y of a pack, where it lies in (-0.7, 0.7) (p > 1/2: one element a row, or two at 1/2), takes
-// dx = (dy - s) - expm1(y) s instead, whose expm1 keeps its relative accuracy; the others
-// keep exp(y), at most 1/2 (two near 1/2 cancel nothing).
+// rounding (1e-7 of 1 in float) is 1e-2 of a result of 1e-5 (torch computes so). A y in
+// (-0.7, 0.7) (p > 1/2: one element a row, or two near 1/2) takes dx = (dy - s) - expm1(y) s
+// instead, whose expm1 keeps its relative accuracy; the others keep exp(y), at most 1/2.
+// The common path tests each y and branches once a pack. (It once took only the largest y
+// of a pack to expm1, tracked by index: the float16 cluster kernel then kept that pack's
+// results in 32 bytes of stack and ran at 0.4x softmax's; nvcc 13, sm_90.)
 template <typename T, bool LOG> struct SoftmaxGrad {
   typedef typename ComputeOf<T>::type C;
   typedef typename AccFor<C, T>::type A;
@@ -72,25 +74,51 @@ template <int GROUP, typename A> __device__ __forceinline__ A grad_row_sum(A v, 
 #ifndef CUNORM_GRAD_UNCACHED_THREADS
 #define CUNORM_GRAD_UNCACHED_THREADS 1024
 #endif
-template <typename T, bool LOG, int PACK, int BLOCK, int GROUP, int N, bool HOLD>
-__global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <= BLOCK
-                                             ? 1 : CUNORM_GRAD_UNCACHED_THREADS / BLOCK)
-    softmax_grad(const T* y, const T* dy, T* dx, i64 rows, i64 cols, i64 ld_y, i64 ld_dy,
-                 i64 ld_dx) {
+// CLUSTER > 1 (softmax_grad_cluster; HOLD, GROUP = 0): the CLUSTER blocks of a cluster share
+// each row, a block holding the slice [first, end) of its packs; the blocks' row sums meet
+// through ClusterMail, two mails in turn, as norm_grad_body's (below, which says why no
+// cluster barrier is needed between rows), folded in rank order (the same bits in every
+// block). Threads of up to two packs ask the L2 for their lines of the row they take next
+// once their row's loads are issued, as norm_grad_body's cluster kernels do. H200, one
+// process, GB/s (benchmarks/results/nvidia-h200-2026-11-29-session81-grad-profile.txt),
+// without -> with: two packs a thread, softmax_backward float16 131072 columns 3439 -> 3791,
+// float32 32768 3669 -> 3789, 65536 3216 -> 3330, log_softmax_backward float16 131072 3183
+// -> 3405 (float16 65536 3882 -> 3787); four (1024-thread slices), float32 131072 3662 ->
+// 3268, log_softmax_backward float16 262144 3697 -> 3260. CUNORM_GRAD_CLUSTER_PREFETCH
+// overrides the rule (measurement): 0 never, 1 always.
+#ifndef CUNORM_GRAD_CLUSTER_PREFETCH
+#define CUNORM_GRAD_CLUSTER_PREFETCH -1
+#endif
+#define CUNORM_SOFTMAX_GRAD_PARAMS \
+  const T *y, const T *dy, T *dx, i64 rows, i64 cols, i64 ld_y, i64 ld_dy, i64 ld_dx
+#define CUNORM_SOFTMAX_GRAD_ARGS y, dy, dx, rows, cols, ld_y, ld_dy, ld_dx
+template <typename T, bool LOG, int PACK, int BLOCK, int GROUP, int N, bool HOLD, int CLUSTER>
+__device__ __forceinline__ void softmax_grad_body(CUNORM_SOFTMAX_GRAD_PARAMS) {
   static_assert(GROUP == 0 || (GROUP <= 32 && (GROUP & (GROUP - 1)) == 0 && BLOCK % 32 == 0),
                 "a row takes lanes of one warp or the whole block");
+  static_assert(CLUSTER == 1 || (HOLD && GROUP == 0), "clusters hold whole-block rows");
   typedef SoftmaxGrad<T, LOG> G;
   typedef typename G::C C;
   typedef typename G::A A;
   constexpr int ROWS = GROUP > 0 ? BLOCK / GROUP : 1;     // rows a block takes at a time
   constexpr int WARP_ROWS = GROUP > 0 ? 32 / GROUP : 1;   // rows a warp takes at a time
   __shared__ A scratch[GROUP > 0 ? 1 : 33];
+  constexpr int MAILS = CLUSTER > 1 ? 2 : 1;
+  __shared__ ClusterMail<A, CLUSTER> mail[MAILS];  // the cluster's blocks' row sums
   const int group = GROUP > 0 ? GROUP : static_cast<int>(blockDim.x);  // threads a row
   const int lane = threadIdx.x % group;
   const int slot = threadIdx.x / group;
   const i64 npacks = cols / PACK;
-  const i64 step = static_cast<i64>(gridDim.x) * ROWS;
-  for (i64 base = static_cast<i64>(blockIdx.x) * ROWS; base < rows; base += step) {
+  const i64 slice = (npacks + CLUSTER - 1) / CLUSTER;  // packs a block of a cluster
+  const i64 first = CLUSTER > 1 ? Cluster<CLUSTER>::rank() * slice : 0;
+  const i64 end = CLUSTER > 1 ? min(npacks, first + slice) : npacks;
+  const i64 step = static_cast<i64>(gridDim.x / CLUSTER) * ROWS;
+  if constexpr (MAILS == 2) {
+    open_mail<CLUSTER>(mail[0], mail[1]);
+  }
+  unsigned k = 0;  // exchanges so far (the mail's phase)
+  for (i64 base = static_cast<i64>(blockIdx.x / CLUSTER) * ROWS; base < rows;
+       base += step, ++k) {
     // A warp leaves the loop as a whole (its rows' sums shuffle over the full warp): once its
     // first row is past the end.
     if (base + (slot - slot % WARP_ROWS) >= rows) break;
@@ -105,7 +133,7 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
 #pragma unroll
       for (int u = 0; u < N; ++u) {
         const i64 j = j0 + static_cast<i64>(u) * group;
-        if (valid && j < npacks) {
+        if (valid && j < end) {
           C a[PACK], b[PACK];
           pack_to_compute<C>(py[u], a);
           pack_to_compute<C>(pd[u], b);
@@ -123,7 +151,7 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
 #pragma unroll
       for (int u = 0; u < N; ++u) {
         const i64 j = j0 + static_cast<i64>(u) * group;
-        if (valid && j < npacks) {
+        if (valid && j < end) {
           if (with_y) py[u] = load_pack_l2<kHint, T, PACK>(yr + j * PACK);
           pd[u] = load_pack_l2<kHint, T, PACK>(dyr + j * PACK);
         }
@@ -138,16 +166,15 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
     const auto write = [&](A s) {
       return [s, dxr](i64 j, const C* a, const C* b) {
         C d[PACK];
-        int top = 0;  // the pack's largest y (selects: one expm1 a pack, few registers)
+        // the pack's largest y, its dy and index, past a NaN (selects, no indexing by a
+        // variable: a[top] put the array in local memory, 32 bytes of stack in the float16
+        // cluster kernel, nvcc 13, sm_90)
+        C y_top = a[0], dy_top = b[0];
+        int top = 0;
 #pragma unroll
         for (int i = 0; i < PACK; ++i) {
           d[i] = G::dx(a[i], b[i], s);
-          if (i > 0 && (a[i] > a[top] || a[top] != a[top])) top = i;  // (past a NaN)
-        }
-        C y_top = a[0], dy_top = b[0];
-#pragma unroll
-        for (int i = 1; i < PACK; ++i) {
-          if (i == top) y_top = a[i], dy_top = b[i];
+          if (i > 0 && (a[i] > y_top || y_top != y_top)) y_top = a[i], dy_top = b[i], top = i;
         }
         if (G::near_one(y_top)) {  // rare: a branch off the common path
           const C d_top = G::dx_near_one(y_top, dy_top, s);
@@ -165,10 +192,26 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
     A acc = A(0);
     if constexpr (HOLD) {
       Pack<T, PACK> py[N], pd[N];
-      fetch(lane, py, pd, true);
-      packs(lane, py, pd, add(acc));
-      const A s = grad_row_sum<GROUP>(acc, scratch);
-      packs(lane, py, pd, write(s));
+      fetch(first + lane, py, pd, true);
+      if constexpr (CLUSTER > 1 && (CUNORM_GRAD_CLUSTER_PREFETCH < 0
+                                        ? N <= 2 : CUNORM_GRAD_CLUSTER_PREFETCH != 0)) {
+        constexpr int LINE_PACKS = 128 / static_cast<int>(sizeof(Pack<T, PACK>));
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+          const i64 j = first + lane + static_cast<i64>(u) * group;
+          if (row + step < rows && j < end && j % LINE_PACKS == 0) {
+            prefetch_l2(y + (row + step) * ld_y + j * PACK);
+            prefetch_l2(dy + (row + step) * ld_dy + j * PACK);
+          }
+        }
+      }
+      packs(first + lane, py, pd, add(acc));
+      A s = grad_row_sum<GROUP>(acc, scratch);
+      if constexpr (CLUSTER > 1) {
+        if (k == 0) Cluster<CLUSTER>::wait();  // the peers' mail is open
+        s = mail[k % MAILS].template exchange<SumOp<A>>(s, k / MAILS);
+      }
+      packs(first + lane, py, pd, write(s));
     } else {
       for (i64 j0 = lane; j0 < npacks; j0 += static_cast<i64>(N) * group) {
         Pack<T, PACK> py[N] = {}, pd[N];  // (py unread by log_softmax's sum)
@@ -184,6 +227,21 @@ __global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <=
     }
   }
 }
+
+template <typename T, bool LOG, int PACK, int BLOCK, int GROUP, int N, bool HOLD>
+__global__ void __launch_bounds__(BLOCK, HOLD || CUNORM_GRAD_UNCACHED_THREADS <= BLOCK
+                                             ? 1 : CUNORM_GRAD_UNCACHED_THREADS / BLOCK)
+    softmax_grad(CUNORM_SOFTMAX_GRAD_PARAMS) {
+  softmax_grad_body<T, LOG, PACK, BLOCK, GROUP, N, HOLD, 1>(CUNORM_SOFTMAX_GRAD_ARGS);
+}
+
+#ifdef CUNORM_SM90
+template <typename T, bool LOG, int PACK, int BLOCK, int N, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BLOCK)
+    softmax_grad_cluster(CUNORM_SOFTMAX_GRAD_PARAMS) {
+  softmax_grad_body<T, LOG, PACK, BLOCK, 0, N, true, CLUSTER>(CUNORM_SOFTMAX_GRAD_ARGS);
+}
+#endif
 
 }  // namespace cunorm
 

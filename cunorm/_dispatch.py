@@ -457,7 +457,8 @@ def kernel_file(name: str) -> str:
     """Source file under ``cuda_src/`` defining kernel ``name``."""
     if name.startswith("cunorm::attn_"):
         return "attention.cu"
-    if name.startswith(("cunorm::softmax_grad<", "cunorm::norm_grad_")):
+    if name.startswith(("cunorm::softmax_grad<", "cunorm::softmax_grad_cluster<",
+                        "cunorm::norm_grad_")):
         return "grad.cu"
     return "norm.cu" if name.startswith("cunorm::norm_") else "softmax.cu"
 
@@ -1339,6 +1340,6 @@ def all_kernel_names(arch: int) -> list[str]:
     from ._grad_dispatch import all_grad_kernel_names, all_norm_grad_kernel_names
 
     names.update(attention_kernel_names(arch))
-    names.update(all_grad_kernel_names())
+    names.update(all_grad_kernel_names(arch))
     names.update(all_norm_grad_kernel_names(arch))
     return sorted(names)

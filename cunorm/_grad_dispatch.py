@@ -11,12 +11,14 @@ warp
 block
     a block of 128-1024 threads (a multiple of 32) holds a row in registers (at most
     :data:`GRAD_BLOCK_MAX_PACKS` packs of each a thread); read once;
+cluster
+    on sm_90, a row no block holds is split over a thread-block cluster whose blocks each
+    hold a slice in registers; read once;
 uncached
     a block reads a row of any length twice: the sum, then the write.
 
-:func:`plan_norm_grad` plans layer_norm / rms_norm gradients on the same paths and, on sm_90,
-a ``cluster`` path: a row no block holds is split over a thread-block cluster whose blocks
-each hold a slice (:data:`NORM_GRAD_PATHS`).
+:func:`plan_norm_grad` plans layer_norm / rms_norm gradients on the same paths
+(:data:`NORM_GRAD_PATHS`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from ._dispatch import (
 
 GRAD_OPS = ("softmax_backward", "log_softmax_backward")
 #: Paths :func:`plan_grad` may be forced onto (``cunorm._dispatch.force_path``).
-GRAD_PATHS = ("warp", "block", "uncached")
+GRAD_PATHS = ("warp", "block", "cluster", "uncached")
 #: Threads of a warp-path block (128 / GROUP rows at a time).
 GRAD_WARP_BLOCK = 128
 #: Bytes of each of y and dy one lane of the warp path holds, in at most GRAD_WARP_MAX_PACKS
@@ -74,6 +76,37 @@ GRAD_UNCACHED_BLOCK = 1024
 GRAD_UNCACHED_PACKS = 2
 #: Most blocks a grid launches, in waves of the resident blocks (rows beyond it loop).
 GRAD_WAVES = 32
+#: The cluster path (sm_90, grad.cu softmax_grad_cluster): a row is split over the smallest
+#: cluster of GRAD_CLUSTER_SIZES blocks whose slices take at most the threads of the first
+#: (packs a thread, threads) layout of GRAD_CLUSTER_LAYOUTS that holds it (packs of 16
+#: bytes), so it is read once; the blocks' row sums meet through distributed shared memory.
+#: Unforced, it takes rows of the dtypes of GRAD_CLUSTER_DTYPES (float64 is not measured)
+#: from GRAD_CLUSTER_FROM[op] columns where the block path would need more than
+#: GRAD_CLUSTER_PAST threads or cannot hold the row, on at most GRAD_CLUSTER_MAX_PACKS packs
+#: a thread ((op, itemsize); else any layout). H200, one process, GB/s (49152 rows, then
+#: 3072 of 65536 columns, 1536 of 131072, 768 of 262144; benchmarks/results/
+#: nvidia-h200-2026-11-29-session81-grad-profile.txt), read twice -> cluster:
+#: softmax_backward float16 65536 3118 -> 3787, 131072 2516 -> 3791, float32 32768 2942 ->
+#: 3789, 65536 2579 -> 3330, 131072 2549 -> 3662 (four packs, no prefetch; grad.cu);
+#: log_softmax_backward float16 131072 3186 -> 3405, 262144 3100 -> 3697, float32 131072
+#: 3122 -> 3575. Not taken: softmax_backward float16 262144 (four packs: 2517 -> 2364),
+#: log_softmax_backward below 131072 columns (float32 32768 3674 -> 3511, 65536 3210 ->
+#: 3082, float16 65536 3648 -> 3704: its first read takes dy alone, which the L2 keeps for
+#: the second), float16 32768 (1024-thread blocks: 3869 -> 3714). Four packs a thread from
+#: the start ran 0.82-0.84x of two on float16 and float32 rows of 32768-131072 columns, one
+#: 0.58-0.94x.
+GRAD_CLUSTER_SIZES = CLUSTER_SIZES
+GRAD_CLUSTER_LAYOUTS = ((2, 512), (2, 1024), (4, 1024))
+GRAD_CLUSTER_DTYPES = ("float16", "bfloat16", "float32")
+GRAD_CLUSTER_FROM = {"softmax_backward": 1, "log_softmax_backward": 131072}
+GRAD_CLUSTER_MAX_PACKS = {("softmax_backward", 2): 2}
+GRAD_CLUSTER_PAST = GRAD_BLOCK_MAX_THREADS
+
+
+#: ``clusters(kernel, cluster, block, smem)``: how many clusters of ``cluster`` blocks of the
+#: kernel the device runs at once (the driver's ``cuOccupancyMaxActiveClusters``, which
+#: knows how the SMs are grouped).
+ClusterOccupancy = Callable[[str, int, int, int], int]
 
 
 def grad_kernel(op: str, dtype: str, pack: int, bound: int, group: int, packs: int,
@@ -83,6 +116,14 @@ def grad_kernel(op: str, dtype: str, pack: int, bound: int, group: int, packs: i
     log = _cbool(op == "log_softmax_backward")
     return (f"cunorm::softmax_grad<{CTYPE[dtype]}, {log}, {pack}, {bound}, {group}, {packs}, "
             f"{_cbool(hold)}>")
+
+
+def grad_cluster_kernel(op: str, dtype: str, pack: int, bound: int, packs: int,
+                        cluster: int) -> str:
+    """NVRTC name of the ``softmax_grad_cluster`` instantiation (``cuda_src/grad.cu``)."""
+    log = _cbool(op == "log_softmax_backward")
+    return (f"cunorm::softmax_grad_cluster<{CTYPE[dtype]}, {log}, {pack}, {bound}, {packs}, "
+            f"{cluster}>")
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -107,10 +148,44 @@ def grad_config(path: str, cols: int, pack: int,
             return None
         threads = max(_round_up(_cdiv(npacks, per_thread), 32), GRAD_BLOCK_MIN_THREADS)
         return threads, GRAD_BLOCK_MAX_THREADS, 0, _cdiv(npacks, threads)
+    if path == "cluster":
+        cfg = grad_cluster_config(cols, pack, itemsize)
+        return None if cfg is None else cfg[:4]
     if path == "uncached":
         return GRAD_UNCACHED_BLOCK, GRAD_UNCACHED_BLOCK, 0, GRAD_UNCACHED_PACKS
     raise ValueError(f"unknown path {path!r} for the softmax gradients; expected one of "
                      f"{GRAD_PATHS}")
+
+
+def grad_cluster_config(cols: int, pack: int,
+                        itemsize: int) -> tuple[int, int, int, int, int] | None:
+    """(block threads, the kernel's bound on them, 0, packs a thread, blocks a cluster) of
+    the softmax gradients' cluster path for rows of ``cols`` columns in packs of ``pack``
+    elements, or None where no cluster of GRAD_CLUSTER_SIZES holds the row (or its packs are
+    narrower than 16 bytes). The kernel is bound to GRAD_BLOCK_MAX_THREADS threads (64
+    registers), as the block path's are."""
+    layout = _cluster_layout(cols // pack, pack * itemsize, GRAD_CLUSTER_LAYOUTS,
+                             GRAD_CLUSTER_SIZES)
+    if layout is None:
+        return None
+    threads, packs, cluster = layout
+    return threads, GRAD_BLOCK_MAX_THREADS, 0, packs, cluster
+
+
+def _cluster_layout(npacks: int, pack_bytes: int, layouts: tuple[tuple[int, int], ...],
+                    sizes: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(block threads, packs a thread, blocks a cluster) of the smallest cluster of ``sizes``
+    blocks whose slices of ``npacks`` packs take at most ``threads`` threads of ``per`` packs,
+    for the first (``per``, ``threads``) of ``layouts`` that has one; None if none has (or
+    for packs narrower than 16 bytes)."""
+    if pack_bytes != 16:
+        return None
+    for per, most in layouts:
+        for cluster in sizes:
+            threads = _round_up(_cdiv(_cdiv(npacks, cluster), per), 32)
+            if threads <= most:
+                return threads, _cdiv(_cdiv(npacks, cluster), threads), cluster
+    return None
 
 
 def _check_plan_args(op: str, ops: tuple[str, ...], dtype: str, rows: int, cols: int,
@@ -128,7 +203,8 @@ def _check_plan_args(op: str, ops: tuple[str, ...], dtype: str, rows: int, cols:
 
 
 def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
-              props: DeviceProps, occ: Occupancy, force: str | None = None) -> LaunchPlan:
+              props: DeviceProps, occ: Occupancy, force: str | None = None,
+              clusters: ClusterOccupancy | None = None) -> LaunchPlan:
     """Launch plan of ``op`` (``"softmax_backward"`` or ``"log_softmax_backward"``) over
     ``rows`` rows of ``cols`` columns of ``dtype`` (y, dy and dx alike).
 
@@ -141,7 +217,12 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
         The device and its occupancy oracle (``occ(kernel, block, smem)``), as for
         :func:`cunorm._dispatch.plan_rows`.
     force : str, optional
-        ``"warp"``, ``"block"`` or ``"uncached"``; ``ValueError`` if the row does not fit it.
+        ``"warp"``, ``"block"``, ``"cluster"`` (sm_90) or ``"uncached"``; ``ValueError`` if
+        the row does not fit it.
+    clusters : callable, optional
+        ``clusters(kernel, cluster, block, smem)``: the clusters the device runs at once,
+        which sizes a cluster path's grid (one wave); without it the grid takes
+        ``props.sm_count * occ(...) // cluster`` clusters.
 
     Examples
     --------
@@ -150,18 +231,44 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     >>> plan_grad("softmax_backward", "float16", 4096, 1024, 8, h200,
     ...           lambda kernel, block, smem: 8).kernel
     'cunorm::softmax_grad<cunorm::half_t, false, 8, 128, 32, 4, true>'
+    >>> plan_grad("softmax_backward", "float16", 4096, 65536, 8, h200,
+    ...           lambda kernel, block, smem: 4).kernel
+    'cunorm::softmax_grad_cluster<cunorm::half_t, false, 8, 1024, 2, 8>'
     """
     _check_plan_args(op, GRAD_OPS, dtype, rows, cols, force)
+    if force == "cluster" and not props.has_clusters:
+        raise ValueError(f"{op}: path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
     itemsize = ITEMSIZE[dtype]
     pack = max_pack(cols, itemsize, align_elems)
+    clustered = (props.has_clusters and dtype in GRAD_CLUSTER_DTYPES
+                 and cols >= GRAD_CLUSTER_FROM[op] and _cluster_packs_allowed(
+                     op, itemsize, grad_cluster_config(cols, pack, itemsize)))
     cfg = None
     for path in (force,) if force else GRAD_PATHS:
-        cfg = grad_config(path, cols, pack, itemsize)
+        if force or path != "cluster" or clustered:
+            cfg = grad_config(path, cols, pack, itemsize)
+        if (cfg is not None and not force and path == "block" and cfg[0] > GRAD_CLUSTER_PAST
+                and clustered):
+            cfg = None  # wide blocks give way to clusters
         if cfg is not None:
             break
     if cfg is None:
         raise ValueError(f"{op}: rows of {cols} columns do not fit the {force!r} path")
     block, bound, group, packs = cfg
+    if path == "cluster":
+        cluster = grad_cluster_config(cols, pack, itemsize)[4]
+        name = grad_cluster_kernel(op, dtype, pack, bound, packs, cluster)
+        per_sm = max(1, occ(name, block, 0))
+        resident = (clusters(name, cluster, block, 0) if clusters is not None
+                    else props.sm_count * per_sm // cluster)
+        if resident < 1:  # the device cannot run one such cluster
+            if force:
+                raise ValueError(f"{op}: rows of {cols} columns do not fit the 'cluster' path: "
+                                 f"the device runs no cluster of {cluster} x {block} threads")
+            return plan_grad(op, dtype, rows, cols, align_elems, props, occ, "uncached")
+        # one wave of clusters, each looping over rows (a cluster reads its next row ahead)
+        grid = min(rows, resident, MAX_GRID // cluster) * cluster
+        return LaunchPlan(path, name, grid, block, 0)
     name = grad_kernel(op, dtype, pack, bound, group, packs, path != "uncached")
     per_sm = max(1, occ(name, block, 0))
     row_blocks = _cdiv(rows, _rows_a_block(block, group))
@@ -169,14 +276,22 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     return LaunchPlan(path, name, grid, block, 0)
 
 
-def all_grad_kernel_names() -> list[str]:
-    """Every ``softmax_grad`` instantiation :func:`plan_grad` can emit, forced paths
-    included (the nvcc compile test, ``python -m cunorm.precompile``)."""
+def _cluster_packs_allowed(op: str, itemsize: int,
+                           cfg: tuple[int, int, int, int, int] | None) -> bool:
+    """Whether an unforced plan may take the cluster layout ``cfg`` (grad_cluster_config;
+    None: no cluster holds the row): at most GRAD_CLUSTER_MAX_PACKS packs a thread."""
+    return cfg is not None and cfg[3] <= GRAD_CLUSTER_MAX_PACKS.get((op, itemsize), cfg[3])
+
+
+def all_grad_kernel_names(arch: int = 90) -> list[str]:
+    """Every ``softmax_grad`` / ``softmax_grad_cluster`` instantiation :func:`plan_grad` can
+    emit for compute capability ``arch``, forced paths included (the nvcc compile test,
+    ``python -m cunorm.precompile``)."""
     names = set()
     for dtype, itemsize in ITEMSIZE.items():
         for op in GRAD_OPS:
             for pack in (p for p in (1, 2, 4, 8) if p * itemsize <= 16):
-                for path in GRAD_PATHS:
+                for path in ("warp", "block", "uncached"):  # the cluster path's below
                     top = {"warp": 32 * GRAD_WARP_MAX_PACKS * pack,
                            "block": GRAD_BLOCK_MAX_THREADS * GRAD_BLOCK_MAX_PACKS * pack,
                            "uncached": pack}[path]
@@ -184,6 +299,13 @@ def all_grad_kernel_names() -> list[str]:
                         cfg = grad_config(path, cols, pack, itemsize)
                         if cfg is not None:
                             names.add(grad_kernel(op, dtype, pack, *cfg[1:], path != "uncached"))
+            pack = 16 // itemsize
+            top = GRAD_CLUSTER_SIZES[-1] * max(p * t for p, t in GRAD_CLUSTER_LAYOUTS) * pack
+            for cols in range(pack, top + 1, pack) if arch >= 90 else ():
+                cfg = grad_cluster_config(cols, pack, itemsize)
+                if cfg is not None:
+                    block, bound, _, packs, cluster = cfg
+                    names.add(grad_cluster_kernel(op, dtype, pack, bound, packs, cluster))
     return sorted(names)
 
 
@@ -397,18 +519,15 @@ def norm_grad_cluster_config(op: str, cols: int, pack: int,
     the cluster path for rows of ``cols`` columns in packs of ``pack`` elements, or None
     where no cluster of NORM_GRAD_CLUSTER_SIZES holds the row (or its packs are narrower
     than 16 bytes)."""
-    if pack * itemsize != 16:
-        return None
-    npacks = cols // pack
     per = NORM_GRAD_CLUSTER_PACKS[op][itemsize]
-    for most in NORM_GRAD_CLUSTER_THREADS:
-        for cluster in NORM_GRAD_CLUSTER_SIZES:
-            threads = _round_up(_cdiv(_cdiv(npacks, cluster), per), 32)
-            if threads <= most:
-                bound = (NORM_GRAD_BLOCK if threads <= NORM_GRAD_BLOCK
-                         else NORM_GRAD_BLOCK_MAX_THREADS)
-                return threads, bound, 0, _cdiv(_cdiv(npacks, cluster), threads), cluster
-    return None
+    layout = _cluster_layout(cols // pack, pack * itemsize,
+                             tuple((per, most) for most in NORM_GRAD_CLUSTER_THREADS),
+                             NORM_GRAD_CLUSTER_SIZES)
+    if layout is None:
+        return None
+    threads, packs, cluster = layout
+    bound = NORM_GRAD_BLOCK if threads <= NORM_GRAD_BLOCK else NORM_GRAD_BLOCK_MAX_THREADS
+    return threads, bound, 0, packs, cluster
 
 
 def _rows_a_block(block: int, group: int) -> int:
@@ -428,12 +547,6 @@ def _acc_size(itemsize: int) -> int:
     """Bytes of the staged column sums' type (grad.cu NormGrad P): float for 16-bit rows,
     double otherwise."""
     return 4 if itemsize == 2 else 8
-
-
-#: ``clusters(kernel, cluster, block, smem)``: how many clusters of ``cluster`` blocks of the
-#: kernel the device runs at once (the driver's ``cuOccupancyMaxActiveClusters``, which
-#: knows how the SMs are grouped).
-ClusterOccupancy = Callable[[str, int, int, int], int]
 
 
 def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
@@ -517,7 +630,7 @@ def all_norm_grad_kernel_names(arch: int = 90) -> list[str]:
         for op in NORM_GRAD_OPS:
             names.update(norm_grad_cols_kernel(op, dtype, d) for d in (False, True))
             for pack in (p for p in (1, 2, 4, 8) if p * itemsize <= 16):
-                for path in GRAD_PATHS:  # the cluster path's below
+                for path in ("warp", "block", "uncached"):  # the cluster path's below
                     top = {"warp": 32 * NORM_GRAD_PACKS * pack,
                            "block": NORM_GRAD_BLOCK_MAX_THREADS * 4 * pack,
                            "uncached": pack}[path]

@@ -133,7 +133,8 @@ def kernel_oracles(device_id: int, arch: int, op_file: str):
 def cluster_oracle(device_id: int, kernel_for):
     """``clusters(name, cluster, block, smem)``: the clusters of that kernel (from
     ``kernel_for``, :func:`kernel_oracles`) device ``device_id`` runs at once, as
-    :func:`cunorm._grad_dispatch.plan_norm_grad` takes it. Answers are cached."""
+    :func:`cunorm._grad_dispatch.plan_grad` and ``plan_norm_grad`` take it. Answers are
+    cached."""
 
     def clusters(name: str, cluster: int, block: int, smem: int) -> int:
         kernel = kernel_for(name)

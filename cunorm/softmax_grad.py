@@ -13,8 +13,8 @@ import numpy as np
 from . import _array, _dispatch, _grad_dispatch
 from ._cache import BoundedCache
 from ._device import device_props
-from ._driver_launch import POINTER, KernelLaunch
-from ._kernels import kernel_oracles
+from ._driver_launch import POINTER, KernelLaunch, counts_clusters
+from ._kernels import cluster_oracle, kernel_oracles
 
 # (device, op, dtype, rows, cols, row strides, align, forced path)
 #   -> (LaunchPlan, its KernelLaunch, the bytes of its by-value arguments)
@@ -195,7 +195,10 @@ def _make_plan(dev: int, op: str, dtype: str, rows: int, cols: int, align: int,
                forced: str | None):
     props = device_props(dev)
     kernel_for, occ = kernel_oracles(dev, props.arch, "grad.cu")
-    plan = _grad_dispatch.plan_grad(op, dtype, rows, cols, align, props, occ, forced)
+    # the driver's count of resident clusters, where the driver library gives it (CUDA 12+)
+    clusters = cluster_oracle(dev, kernel_for) if counts_clusters() else None
+    plan = _grad_dispatch.plan_grad(op, dtype, rows, cols, align, props, occ, forced,
+                                    clusters)
     kernel = kernel_for(plan.kernel)
     return plan, KernelLaunch(kernel, dev, plan.grid, plan.block, _PARAMS, plan.smem)
 

@@ -1484,8 +1484,8 @@ def test_all_kernel_names_by_arch() -> None:
     assert {template_args(n)[0] for n in n90 - n80} == {
         "cunorm::softmax_smem_cluster", "cunorm::softmax_uncached_cluster",
         "cunorm::softmax_strided_cluster", "cunorm::norm_smem_cluster",
-        "cunorm::norm_uncached_cluster", "cunorm::norm_grad_rows_cluster", "cunorm::attn_wg",
-        "cunorm::attn_ws",
+        "cunorm::norm_uncached_cluster", "cunorm::norm_grad_rows_cluster",
+        "cunorm::softmax_grad_cluster", "cunorm::attn_wg", "cunorm::attn_ws",
         "cunorm::attn_tc_cluster", "cunorm::attn_tc",  # attn_tc: decoding's 128-key tiles
         "cunorm::softmax_block", "cunorm::norm_block"}
     mid = {n for n in n90 - n80 if "_block<" in n}

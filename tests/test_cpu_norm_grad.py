@@ -173,7 +173,7 @@ def test_layout_of_float16_rows(cols, expect):
     assert plan(16384).rows.path == "cluster"
 
 
-@pytest.mark.parametrize("force", [None, *g.GRAD_PATHS])
+@pytest.mark.parametrize("force", [None, "warp", "block", "uncached"])  # cluster: below
 def test_float32_rows_work_in_double_below_the_wide_limit(force):
     """WIDE (the last template argument) for float32 rows of fewer than NORM_GRAD_WIDE_BELOW
     columns on every path, not from there on; always for the other dtypes (whose arithmetic

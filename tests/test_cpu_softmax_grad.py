@@ -168,7 +168,16 @@ def test_paths_by_row_length(dtype, warp_top):
     block_top = 1024 * g.GRAD_BLOCK_MAX_PACKS * pack  # 64 KB of each operand a row
     assert block_top * itemsize == 64 * 1024
     assert plan(block_top, dtype).path == "block"
-    assert plan(block_top + pack, dtype).path == "uncached"
+    # past a block: clusters on sm_90 (float64 is not measured), up to 8 x 1024 threads of
+    # 4 packs (512 KB of each operand a row); read twice past them, and on sm_80
+    # (test_cluster_rows_by_op: where each op takes them)
+    clustered = dtype != "float64"
+    assert plan(block_top + pack, dtype).path == ("cluster" if clustered else "uncached")
+    assert plan(block_top + pack, dtype, props=A100).path == "uncached"
+    cluster_top = 8 * block_top  # (softmax_backward's 16-bit rows stop at 2 packs a thread)
+    log = "log_softmax_backward"
+    assert plan(cluster_top, dtype, op=log).path == ("cluster" if clustered else "uncached")
+    assert plan(cluster_top + pack, dtype, op=log).path == "uncached"
 
 
 def args(kernel: str) -> tuple[str, ...]:
@@ -186,13 +195,89 @@ def args(kernel: str) -> tuple[str, ...]:
     (32768, (8, 1024, 1024, 0, 4)), (32776, (8, 1024, 1024, 0, 2)),
 ])
 def test_layout_of_float16_rows(cols, expect):
-    p = plan(cols)
+    p = plan(cols, props=A100 if cols > 32768 else H200)  # (sm_90 holds 32776 on clusters)
     pack, block, bound, group, packs = expect
     hold = "false" if p.path == "uncached" else "true"
     assert args(p.kernel) == ("cunorm::half_t", "false", str(pack), str(bound), str(group),
                               str(packs), hold)
     assert p.block == block and p.smem == 0
     assert args(plan(cols, op="log_softmax_backward").kernel)[1] == "true"
+
+
+def test_cluster_rows():
+    """Rows past a block (sm_90): the first layout of GRAD_CLUSTER_LAYOUTS (slices of at
+    most 512 threads of 2 packs, then 1024 threads of 2, then of 4) on the smallest cluster
+    that holds them; one wave of whole clusters (the driver's count where given), rows
+    capping it."""
+    def layout(cols, dtype="float16", **kw):  # (block, packs a thread, cluster)
+        p = plan(cols, dtype, **kw)
+        assert p.path == "cluster" and args(p.kernel)[3] == "1024", p
+        return p.block, int(args(p.kernel)[4]), int(args(p.kernel)[5])
+
+    assert plan(32776).kernel == "cunorm::softmax_grad_cluster<cunorm::half_t, false, 8, 1024, " \
+        "2, 8>"
+    assert layout(32776) == (288, 2, 8)  # 4097 packs: 4 x 513 threads is past 512
+    assert layout(65536) == (512, 2, 8)
+    assert layout(131072) == (1024, 2, 8)
+    # 8 x 1024 threads of 2 packs do not hold 32768 packs: 4 (log_softmax_backward's choice)
+    assert layout(262144, "bfloat16", op="log_softmax_backward") == (1024, 4, 8)
+    assert layout(32768, "float32") == (512, 2, 8)
+    assert layout(131072, "float32") == (1024, 4, 8)
+    assert plan(262144, "float32").path == "uncached"
+    # the grid: every resident cluster (the fake occupancy's, else the driver's), rows cap it
+    p = plan(65536, rows=49152)
+    per_sm = fake_occ(H200)(p.kernel, p.block, 0)
+    assert p.grid == H200.sm_count * per_sm // 8 * 8
+    assert plan(65536, rows=5).grid == 5 * 8
+    p = g.plan_grad("softmax_backward", "float16", 49152, 65536, 16, H200, fake_occ(H200),
+                    clusters=lambda kernel, cluster, block, smem: 29)
+    assert p.grid == 29 * 8
+    # a device that runs no such cluster: read twice, or an error where forced
+    none = dict(clusters=lambda kernel, cluster, block, smem: 0)
+    assert g.plan_grad("softmax_backward", "float16", 99, 65536, 16, H200, fake_occ(H200),
+                       **none).path == "uncached"
+    with pytest.raises(ValueError, match="runs no cluster of 8 x 512 threads"):
+        g.plan_grad("softmax_backward", "float16", 99, 65536, 16, H200, fake_occ(H200),
+                    "cluster", **none)
+    # forced: float64 and rows a block holds take it too; packs narrower than 16 bytes do not
+    assert layout(65536, "float64", force="cluster") == (1024, 4, 8)
+    assert layout(4096, force="cluster") == (128, 2, 2)
+    with pytest.raises(ValueError, match="do not fit the 'cluster' path"):
+        plan(65536, align=4, force="cluster")
+    with pytest.raises(ValueError, match="'cluster' needs sm_90 or newer; device is sm_80"):
+        plan(65536, props=A100, force="cluster")
+
+
+def test_cluster_rows_by_op():
+    """Unforced: softmax_backward takes clusters past a block but on 16-bit rows of four
+    packs a thread (GRAD_CLUSTER_MAX_PACKS); log_softmax_backward from GRAD_CLUSTER_FROM
+    columns (its two reads cost less: the first takes dy alone). Forced, any layout."""
+    log = "log_softmax_backward"
+    assert g.GRAD_CLUSTER_FROM[log] == 131072
+    for dtype in ("float16", "bfloat16"):
+        assert plan(262144, dtype).path == "uncached"
+        assert plan(262144, dtype, force="cluster").path == "cluster"
+        assert plan(262144, dtype, op=log).path == "cluster"
+        assert plan(131072, dtype, op=log).path == "cluster"
+        assert plan(131064, dtype, op=log).path == "uncached"
+        assert plan(65536, dtype, op=log).path == "uncached"
+        assert plan(65536, dtype, op=log, force="cluster").path == "cluster"
+    assert plan(131072, "float32").path == plan(131072, "float32", op=log).path == "cluster"
+    assert plan(65536, "float32", op=log).path == "uncached"
+    assert plan(32776, "float32").path == "cluster"
+
+
+def test_wide_blocks_give_way_to_clusters(monkeypatch):
+    """GRAD_CLUSTER_PAST: block-path rows of more threads take clusters (sm_90, the dtypes of
+    GRAD_CLUSTER_DTYPES)."""
+    assert plan(32768).path == "block" and plan(32768).block == 1024
+    monkeypatch.setattr(g, "GRAD_CLUSTER_PAST", 512)
+    assert plan(32768).path == "cluster" and plan(32768).block == 512  # 4 x 512 x 2 packs
+    assert plan(16384).path == "block"  # 512 threads
+    # float64 takes no cluster: its rows of 1024 threads stay on the block path
+    assert plan(8192, "float64").path == "block" and plan(8192, "float64").block == 1024
+    assert plan(32768, props=A100).path == "block"
+    assert plan(32768, force="block").path == "block"
 
 
 def test_pack_follows_alignment_and_columns():
@@ -220,7 +305,10 @@ def test_grid_is_capped_in_waves_of_resident_blocks():
 def test_forced_paths(force, props):
     for cols in (1, 100, 2048, 2049, 30000, 1 << 20):
         fits = g.grad_config(force, cols, _dispatch.max_pack(cols, 2, 16), 2) is not None
-        if fits:
+        if force == "cluster" and not props.has_clusters:
+            with pytest.raises(ValueError, match="'cluster' needs sm_90"):
+                plan(cols, props=props, force=force)
+        elif fits:
             assert plan(cols, props=props, force=force).path == force
         else:
             with pytest.raises(ValueError, match=f"do not fit the '{force}' path"):
@@ -244,6 +332,7 @@ def test_every_planned_kernel_is_listed():
     or not, on every alignment, names one of them, and the names reach
     :func:`cunorm._dispatch.all_kernel_names` with grad.cu as their source."""
     listed = set(g.all_grad_kernel_names())
+    assert set(g.all_grad_kernel_names(80)) == {n for n in listed if "cluster" not in n}
     planned = set()
     for dtype in _dispatch.ITEMSIZE:
         for op in g.GRAD_OPS:
@@ -258,5 +347,6 @@ def test_every_planned_kernel_is_listed():
     assert planned <= listed
     assert len(listed) == len(set(listed))
     everything = set(_dispatch.all_kernel_names(90))
-    assert listed <= everything and listed <= set(_dispatch.all_kernel_names(80))
+    assert listed <= everything
+    assert set(g.all_grad_kernel_names(80)) <= set(_dispatch.all_kernel_names(80))
     assert {_dispatch.kernel_file(n) for n in listed} == {"grad.cu"}

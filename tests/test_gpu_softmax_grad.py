@@ -13,16 +13,18 @@ from test_cpu_softmax_grad import long_double_log_softmax_grad
 
 import cunorm
 from cunorm import _dispatch, _grad_dispatch, softmax_grad
+from cunorm._device import device_props
 
 pytestmark = GPU_MARKS
 OPS = {"softmax_backward": (cunorm.softmax, cunorm.softmax_backward),
        "log_softmax_backward": (cunorm.log_softmax, cunorm.log_softmax_backward)}
 # Every regime edge of the planner: lane groups, pack multiples +-1, the warp path's last row
 # (1024 16-bit / 512 float32 / 256 float64 columns), block sizes, the block path's last row
-# (32768 / 16384 / 8192), 2^16 + 1.
+# (32768 / 16384 / 8192) and the cluster path's first (32776 / 16388 / 8194: a slice a block
+# partly filled), its full slices of a cluster of 8 (131072 16-bit), 2^16 + 1.
 BOUNDARY_COLS = [1, 2, 3, 7, 8, 9, 31, 32, 33, 255, 256, 257, 258, 260, 511, 512, 513, 516, 520,
-                 1000, 1023, 1024, 1025, 1032, 2047, 2048, 2049, 4095, 4096, 8192, 8193, 8196,
-                 16384, 16385, 16388, 32768, 32769, 65537]
+                 1000, 1023, 1024, 1025, 1032, 2047, 2048, 2049, 4095, 4096, 8192, 8193, 8194,
+                 8196, 16384, 16385, 16388, 32768, 32769, 32776, 65537, 131072]
 
 
 def reference(y: np.ndarray, dy: np.ndarray, axis, log: bool) -> np.ndarray:
@@ -45,6 +47,8 @@ def inputs(shape, dtype, log: bool, seed: int, axis=-1):
 
 def fits(path: str, cols: int, dtype) -> bool:
     """Whether the planner puts fresh contiguous rows of ``cols`` on ``path`` when forced."""
+    if path == "cluster" and not device_props(cupy.cuda.Device().id).has_clusters:
+        return False
     itemsize = np.dtype(dtype).itemsize
     pack = _dispatch.max_pack(cols, itemsize, 16)
     return _grad_dispatch.grad_config(path, cols, pack, itemsize) is not None
@@ -63,7 +67,8 @@ def test_paths_agree_at_boundaries(op, dtype, cols, monkeypatch):
     results = {}
     for path in (None, *_grad_dispatch.GRAD_PATHS):
         if path is not None and not fits(path, cols, dtype):
-            with _dispatch.force_path(path), pytest.raises(ValueError, match="do not fit"):
+            with _dispatch.force_path(path), pytest.raises(ValueError,
+                                                           match="do not fit|needs sm_90"):
                 OPS[op][1](y, dy)
             continue
         with poisoned_allocations(), _dispatch.force_path(path):
@@ -117,7 +122,8 @@ def test_layouts_and_axes(op, dtype):
 def test_in_place_and_overlap(op, dtype):
     log = op.startswith("log")
     bwd = OPS[op][1]
-    for cols in (100, 5000, 70000):  # warp, block, uncached
+    # warp, block, cluster (softmax_backward but float64), uncached
+    for cols in (100, 5000, 70000, 300000):
         y, dy, yh, dyh = inputs((9, cols), dtype, log, seed=cols)
         ref = reference(yh, dyh, -1, log)
         d2 = dy.copy()
@@ -126,13 +132,14 @@ def test_in_place_and_overlap(op, dtype):
         y2 = y.copy()
         assert bwd(y2, dy, out=y2) is y2  # dx over y
         assert row_errors(y2, ref).max() <= TOL[dtype.name]
-    # grids that loop over their rows: GRAD_WAVES = 0 leaves one block, on every path
+    # grids that loop over their rows: GRAD_WAVES = 0 leaves one block, on every path but the
+    # cluster path (test_cluster_grids_loop_over_rows)
     y, dy, yh, dyh = inputs((203, 64), dtype, log, seed=9)
     ref = reference(yh, dyh, -1, log)
     waves = _grad_dispatch.GRAD_WAVES
     try:
         _grad_dispatch.GRAD_WAVES = 0
-        for path in _grad_dispatch.GRAD_PATHS:
+        for path in (p for p in _grad_dispatch.GRAD_PATHS if p != "cluster"):
             softmax_grad._PLANS.clear()
             with _dispatch.force_path(path):
                 dx = bwd(y, dy)
@@ -149,6 +156,30 @@ def test_in_place_and_overlap(op, dtype):
     ref = reference(yh, cupy.asnumpy(dyv), -1, log)
     bwd(y, dyv, out=outv)
     assert row_errors(outv, ref).max() <= TOL["float32"]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_cluster_grids_loop_over_rows(op, dtype):
+    """The cluster path forced on every dtype with more rows than twice the resident clusters,
+    so that every cluster takes each of its two mails more than once (and its reads of the
+    next row ahead land), in place over dy too."""
+    if not device_props(cupy.cuda.Device().id).has_clusters:
+        pytest.skip("thread-block clusters need sm_90")
+    rows, cols = 1001, 16384
+    log = op.startswith("log")
+    y, dy, yh, dyh = inputs((rows, cols), dtype, log, seed=11)
+    ref = reference(yh, dyh, -1, log)
+    with poisoned_allocations(), _dispatch.force_path("cluster"):
+        dx = OPS[op][1](y, dy)
+        OPS[op][1](y, dy, out=dy)
+    plan = next(p for k, (p, *_) in softmax_grad._PLANS.items()
+                if k[1:5] == (op, dtype.name, rows, cols) and k[-1] == "cluster")
+    cluster = int(plan.kernel.rstrip(">").rsplit(",", 1)[1])
+    assert plan.path == "cluster" and rows > 2 * plan.grid // cluster, plan
+    for got in (dx, dy):
+        err = row_errors(got, ref).max()
+        assert err <= TOL[dtype.name], f"{plan.grid // cluster} clusters: error {err:.3g}"
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -47,6 +47,8 @@ columns on one block, 64 KB cluster slices and the uncached path, ``cluster-size
 gradients on their cluster path, without it, and built without and with the L2 prefetch of
 the next row everywhere, ``norm-grad-prefetch`` that prefetch over the shorter rows'
 kernels and cluster layouts of float32 rows of 12288 and 24576 columns,
+``softmax-grad-clusters`` the softmax gradients' cluster path in its layouts against the
+block and uncached paths,
 ``row-sources`` the norms built from this checkout's kernel sources against those in folder
 $CUNORM_BASE_SOURCES
 (``short-block-sources``: the same for float32 rows of up to 8 values a thread on the block
@@ -145,6 +147,7 @@ COMMANDS = {
     "uncached-rows": long.uncached_rows, "ln-long-slices": long.ln_long_slices,
     "cluster-sizes": long.cluster_sizes, "norm-grad-clusters": grads.norm_grad_clusters,
     "norm-grad-prefetch": grads.norm_grad_prefetch,
+    "softmax-grad-clusters": grads.softmax_grad_clusters,
 }
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Gradient profiles of tools/gpu_profile.py: the norm gradients' cluster path against the
-paths it replaces or passes over, and the holding kernels built without their L2 prefetch of
-the next row and with it everywhere (cuda_src/grad.cu CUNORM_NORM_GRAD_PREFETCH)."""
+paths it replaces or passes over, the holding kernels built without their L2 prefetch of
+the next row and with it everywhere (cuda_src/grad.cu CUNORM_NORM_GRAD_PREFETCH), and the
+softmax gradients' cluster path in its layouts against the block and uncached paths."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 from profile_common import _build_with
 
 import cunorm
-from cunorm import _dispatch, _grad_dispatch, norm_grad
+from cunorm import _dispatch, _grad_dispatch, norm_grad, softmax_grad
 from cunorm._kernels import _KERNELS
 from cunorm.bench.timing import CupyEventTimer, copy_bandwidth
 
@@ -46,6 +47,40 @@ SHAPE_VARIANTS = [("planned", (), None, {}), ("no-cluster", (), None, _NO_CLUSTE
                                                 "rms_norm_backward": {2: 1, 4: 1, 8: 1}}})]
 
 
+# The softmax gradients past a block (float16 32776+, float32 16388+) and float16 rows of
+# 32768 columns (a block of 1024 threads), on the bench's rows (49152 up to 32768 columns,
+# then 3072, 1536, 768)
+SOFTMAX_CLUSTER_CASES = [(op, dt, cols) for op in _grad_dispatch.GRAD_OPS
+                         for dt in ("float16", "float32")
+                         for cols in (32768, 65536, 131072, 262144)]
+SOFTMAX_CLUSTER_VARIANTS = [
+    ("planned", (), None, {}), ("no-cluster", (), None, {"GRAD_CLUSTER_DTYPES": ()}),
+    ("packs-1", (), "cluster", {"GRAD_CLUSTER_LAYOUTS": ((1, 512), (1, 1024))}),
+    ("packs-2-1024", (), "cluster", {"GRAD_CLUSTER_LAYOUTS": ((2, 1024),)}),
+    ("packs-4", (), "cluster", {"GRAD_CLUSTER_LAYOUTS": ((4, 512), (4, 1024))}),
+    ("no-prefetch", ("-DCUNORM_GRAD_CLUSTER_PREFETCH=0",), None, {})]
+_BENCH_ROWS = {65536: 3072, 131072: 1536, 262144: 768}
+
+
+def _softmax_grad_case(op: str, dt: str, rows: int, cols: int):
+    """(bytes counted, call) of ``op`` on y = the forward of random data and a random dy."""
+    rng = cupy.random.default_rng(cols)
+    x = rng.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    log = op == "log_softmax_backward"
+    y = (cunorm.log_softmax if log else cunorm.softmax)(x)
+    del x
+    dy = rng.standard_normal((rows, cols), dtype=np.float32).astype(dt)
+    bwd = cunorm.log_softmax_backward if log else cunorm.softmax_backward
+    return 3 * y.nbytes, lambda: (bwd(y, dy),)
+
+
+def softmax_grad_clusters(rounds: int = 2) -> None:
+    """The softmax gradients' cluster path, in its layouts, against the block and uncached
+    paths (SOFTMAX_CLUSTER_CASES, SOFTMAX_CLUSTER_VARIANTS)."""
+    _grad_variants(SOFTMAX_CLUSTER_CASES, SOFTMAX_CLUSTER_VARIANTS, rounds,
+                   _softmax_grad_case, lambda: next(reversed(softmax_grad._PLANS.values()))[0])
+
+
 def _grad_case(op: str, dt: str, rows: int, cols: int):
     """(bytes counted, call) of ``op`` on random x, dy and weight, from its forward's stats."""
     rng = cupy.random.default_rng(cols)
@@ -74,9 +109,17 @@ def norm_grad_prefetch(rounds: int = 2) -> None:
 
 def _norm_grad_variants(cases, variants, rounds: int) -> None:
     """GB/s of x, dy and dx (49152 rows, 3072 past 32768 columns) of each (op, dtype, cols)
-    case on each (name, NVRTC options, forced path, _grad_dispatch constants) variant,
-    variants in turn within a round, with the plan's kernel, block, grid and registers
-    (NVRTC); dx's first rows compared with the first variant's."""
+    case on each variant (_grad_variants)."""
+    _grad_variants(cases, variants, rounds, _grad_case,
+                   lambda: next(p for p, *_ in reversed(norm_grad._PLANS.values())).rows)
+
+
+def _grad_variants(cases, variants, rounds: int, make_case, last_plan) -> None:
+    """GB/s of each (op, dtype, cols) case (``make_case(op, dtype, rows, cols)``: bytes
+    counted and a call returning dx first; 49152 rows up to 32768 columns, then as the bench)
+    on each (name, NVRTC options, forced path, _grad_dispatch constants) variant, variants in
+    turn within a round, with the plan's kernel, block, grid and registers (NVRTC; the
+    LaunchPlan ``last_plan()`` gives); dx's first rows compared with the first variant's."""
     timer = CupyEventTimer(pad_us=100)
     print(f"copy {copy_bandwidth(timer):.0f} GB/s", flush=True)
     gbps: dict[tuple, dict[str, list[float]]] = {}
@@ -89,7 +132,7 @@ def _norm_grad_variants(cases, variants, rounds: int) -> None:
                 setattr(_grad_dispatch, k, v)
             _dispatch._drop_cached_plans()
             for op, dt, cols in cases:
-                nbytes, call = _grad_case(op, dt, 49152 if cols <= 32768 else 3072, cols)
+                nbytes, call = make_case(op, dt, _BENCH_ROWS.get(cols, 49152), cols)
                 try:
                     with _dispatch.force_path(path):
                         dx = call()[0]
@@ -101,10 +144,10 @@ def _norm_grad_variants(cases, variants, rounds: int) -> None:
                 if rnd == 0:
                     head = cupy.asnumpy(dx[:64]).astype(np.float64)
                     ref = first.setdefault((op, dt, cols), head)
-                    plan = next(p for p, *_ in reversed(norm_grad._PLANS.values()))
-                    regs = _KERNELS[(0, plan.rows.kernel)].num_regs
-                    print(f"  {name} {op[:3]} {dt} {cols}: {plan.rows.kernel} "
-                          f"block {plan.rows.block} grid {plan.rows.grid} regs {regs} "
+                    plan = last_plan()
+                    regs = _KERNELS[(0, plan.kernel)].num_regs
+                    print(f"  {name} {op[:3]} {dt} {cols}: {plan.kernel} "
+                          f"block {plan.block} grid {plan.grid} regs {regs} "
                           f"dx diff {np.abs(head - ref).max() / np.abs(ref).max():.1e}",
                           flush=True)
             for k, v in saved.items():
