@@ -258,22 +258,33 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     if path == "cluster":
         cluster = grad_cluster_config(cols, pack, itemsize)[4]
         name = grad_cluster_kernel(op, dtype, pack, bound, packs, cluster)
-        per_sm = max(1, occ(name, block, 0))
-        resident = (clusters(name, cluster, block, 0) if clusters is not None
-                    else props.sm_count * per_sm // cluster)
-        if resident < 1:  # the device cannot run one such cluster
-            if force:
-                raise ValueError(f"{op}: rows of {cols} columns do not fit the 'cluster' path: "
-                                 f"the device runs no cluster of {cluster} x {block} threads")
+        grid = _cluster_grid(op, cols, name, cluster, block, 0, rows, props, occ, clusters,
+                             force)
+        if grid is None:
             return plan_grad(op, dtype, rows, cols, align_elems, props, occ, "uncached")
-        # one wave of clusters, each looping over rows (a cluster reads its next row ahead)
-        grid = min(rows, resident, MAX_GRID // cluster) * cluster
         return LaunchPlan(path, name, grid, block, 0)
     name = grad_kernel(op, dtype, pack, bound, group, packs, path != "uncached")
     per_sm = max(1, occ(name, block, 0))
     row_blocks = _cdiv(rows, _rows_a_block(block, group))
     grid = max(1, min(row_blocks, props.sm_count * per_sm * GRAD_WAVES, MAX_GRID))
     return LaunchPlan(path, name, grid, block, 0)
+
+
+def _cluster_grid(op: str, cols: int, name: str, cluster: int, block: int, smem: int,
+                  rows: int, props: DeviceProps, occ: Occupancy,
+                  clusters: ClusterOccupancy | None, force: str | None) -> int | None:
+    """Blocks of a cluster path's grid: one wave of clusters (the driver's count where
+    ``clusters`` gives it), each looping over rows, at most one a row. None where the device
+    runs no such cluster (the caller reads the row twice instead); ``ValueError`` there if the
+    path was forced."""
+    resident = (clusters(name, cluster, block, smem) if clusters is not None
+                else props.sm_count * max(1, occ(name, block, smem)) // cluster)
+    if resident < 1:
+        if force:
+            raise ValueError(f"{op}: rows of {cols} columns do not fit the 'cluster' path: "
+                             f"the device runs no cluster of {cluster} x {block} threads")
+        return None
+    return min(rows, resident, MAX_GRID // cluster) * cluster
 
 
 def _cluster_packs_allowed(op: str, itemsize: int,
@@ -595,14 +606,10 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     # a block or cluster): a cluster that waited for a second wave would double the time.
     waves = 1 if hold else GRAD_WAVES
     if cluster > 1:
-        resident = (clusters(name, cluster, block, smem) if clusters is not None
-                    else props.sm_count * per_sm // cluster)
-        if resident < 1:  # the device cannot run one such cluster
-            if force:
-                raise ValueError(f"{op}: rows of {cols} columns do not fit the 'cluster' path: "
-                                 f"the device runs no cluster of {cluster} x {block} threads")
+        grid = _cluster_grid(op, cols, name, cluster, block, smem, rows, props, occ, clusters,
+                             force)
+        if grid is None:
             return plan_norm_grad(op, dtype, rows, cols, align_elems, props, occ, "uncached")
-        grid = min(rows, resident, MAX_GRID // cluster) * cluster
     else:
         grid = max(1, min(row_blocks, props.sm_count * per_sm * waves, MAX_GRID))
     col_blocks = _cdiv(cols, NORM_GRAD_COLS_BLOCK[0])
