@@ -20,12 +20,12 @@ namespace cunorm {
 // by its last rounding alone. 16-bit inputs work in float, float64 in double.
 // log_softmax's exp(y) near 1 cancels against dy where dy is (close to) one-hot, as under a
 // cross-entropy loss with a confident prediction: dx_t = p_t - 1. There exp(y) off by its
-// rounding (1e-7 of 1 in float) is 1e-2 of a result of 1e-5 (torch computes so). A y in
-// (-0.7, 0.7) (p > 1/2: one element a row, or two near 1/2) takes dx = (dy - s) - expm1(y) s
-// instead, whose expm1 keeps its relative accuracy; the others keep exp(y), at most 1/2.
-// The common path tests each y and branches once a pack. (It once took only the largest y
-// of a pack to expm1, tracked by index: the float16 cluster kernel then kept that pack's
-// results in 32 bytes of stack and ran at 0.4x softmax's; nvcc 13, sm_90.)
+// rounding (1e-7 of 1 in float) is 1e-2 of a result of 1e-5 (torch computes so). The largest
+// y of a pack, where it lies in (-0.7, 0.7) (p > 1/2: one element a row, or two at 1/2), takes
+// dx = (dy - s) - expm1(y) s instead, whose expm1 keeps its relative accuracy; the others
+// keep exp(y), at most 1/2 (two near 1/2 cancel nothing). The pack's largest y is found by
+// selects (softmax_grad_body's write says why); taking every y of (-0.7, 0.7) to expm1, as
+// the NumPy path does, spilled the 16-bit kernels of four packs a thread (nvcc 13, sm_90).
 template <typename T, bool LOG> struct SoftmaxGrad {
   typedef typename ComputeOf<T>::type C;
   typedef typename AccFor<C, T>::type A;

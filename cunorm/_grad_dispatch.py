@@ -80,10 +80,9 @@ GRAD_WAVES = 32
 #: cluster of GRAD_CLUSTER_SIZES blocks whose slices take at most the threads of the first
 #: (packs a thread, threads) layout of GRAD_CLUSTER_LAYOUTS that holds it (packs of 16
 #: bytes), so it is read once; the blocks' row sums meet through distributed shared memory.
-#: Unforced, it takes rows of the dtypes of GRAD_CLUSTER_DTYPES (float64 is not measured)
-#: from GRAD_CLUSTER_FROM[op] columns where the block path would need more than
-#: GRAD_CLUSTER_PAST threads or cannot hold the row, on at most GRAD_CLUSTER_MAX_PACKS packs
-#: a thread ((op, itemsize); else any layout). H200, one process, GB/s (49152 rows, then
+#: Unforced, it takes rows no block holds of the dtypes of GRAD_CLUSTER_DTYPES (float64 is
+#: not measured) from GRAD_CLUSTER_FROM[op] columns, on at most GRAD_CLUSTER_MAX_PACKS packs a
+#: thread ((op, itemsize); else any layout). H200, one process, GB/s (49152 rows, then
 #: 3072 of 65536 columns, 1536 of 131072, 768 of 262144; benchmarks/results/
 #: nvidia-h200-2026-11-29-session81-grad-profile.txt), read twice -> cluster:
 #: softmax_backward float16 65536 3118 -> 3787, 131072 2516 -> 3791, float32 32768 2942 ->
@@ -100,7 +99,6 @@ GRAD_CLUSTER_LAYOUTS = ((2, 512), (2, 1024), (4, 1024))
 GRAD_CLUSTER_DTYPES = ("float16", "bfloat16", "float32")
 GRAD_CLUSTER_FROM = {"softmax_backward": 1, "log_softmax_backward": 131072}
 GRAD_CLUSTER_MAX_PACKS = {("softmax_backward", 2): 2}
-GRAD_CLUSTER_PAST = GRAD_BLOCK_MAX_THREADS
 
 
 #: ``clusters(kernel, cluster, block, smem)``: how many clusters of ``cluster`` blocks of the
@@ -247,9 +245,6 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     for path in (force,) if force else GRAD_PATHS:
         if force or path != "cluster" or clustered:
             cfg = grad_config(path, cols, pack, itemsize)
-        if (cfg is not None and not force and path == "block" and cfg[0] > GRAD_CLUSTER_PAST
-                and clustered):
-            cfg = None  # wide blocks give way to clusters
         if cfg is not None:
             break
     if cfg is None:

@@ -265,19 +265,9 @@ def test_cluster_rows_by_op():
     assert plan(131072, "float32").path == plan(131072, "float32", op=log).path == "cluster"
     assert plan(65536, "float32", op=log).path == "uncached"
     assert plan(32776, "float32").path == "cluster"
-
-
-def test_wide_blocks_give_way_to_clusters(monkeypatch):
-    """GRAD_CLUSTER_PAST: block-path rows of more threads take clusters (sm_90, the dtypes of
-    GRAD_CLUSTER_DTYPES)."""
-    assert plan(32768).path == "block" and plan(32768).block == 1024
-    monkeypatch.setattr(g, "GRAD_CLUSTER_PAST", 512)
-    assert plan(32768).path == "cluster" and plan(32768).block == 512  # 4 x 512 x 2 packs
-    assert plan(16384).path == "block"  # 512 threads
-    # float64 takes no cluster: its rows of 1024 threads stay on the block path
-    assert plan(8192, "float64").path == "block" and plan(8192, "float64").block == 1024
-    assert plan(32768, props=A100).path == "block"
-    assert plan(32768, force="block").path == "block"
+    # float64 is not measured on clusters: read twice past a block, unforced
+    assert plan(8200, "float64").path == "uncached"
+    assert plan(8200, "float64", force="cluster").path == "cluster"
 
 
 def test_pack_follows_alignment_and_columns():
@@ -331,13 +321,16 @@ def test_every_planned_kernel_is_listed():
     """precompile and the nvcc test compile :func:`all_grad_kernel_names`: every plan, forced
     or not, on every alignment, names one of them, and the names reach
     :func:`cunorm._dispatch.all_kernel_names` with grad.cu as their source."""
-    listed = set(g.all_grad_kernel_names())
+    names = g.all_grad_kernel_names()
+    listed = set(names)
+    assert len(names) == len(listed)
     assert set(g.all_grad_kernel_names(80)) == {n for n in listed if "cluster" not in n}
     planned = set()
     for dtype in _dispatch.ITEMSIZE:
         for op in g.GRAD_OPS:
             for align in (1, 2, 4, 8, 16):
-                for cols in [*range(1, 300), *range(300, 70000, 97), 1 << 20]:
+                # (131072 and 262144: the cluster layouts of 1024 threads of 2 and 4 packs)
+                for cols in [*range(1, 300), *range(300, 70000, 97), 131072, 262144, 1 << 20]:
                     for force in (None, *g.GRAD_PATHS):
                         try:
                             p = plan(cols, dtype, align=align, force=force, op=op)
@@ -345,7 +338,6 @@ def test_every_planned_kernel_is_listed():
                             continue
                         planned.add(p.kernel)
     assert planned <= listed
-    assert len(listed) == len(set(listed))
     everything = set(_dispatch.all_kernel_names(90))
     assert listed <= everything
     assert set(g.all_grad_kernel_names(80)) <= set(_dispatch.all_kernel_names(80))

@@ -161,9 +161,9 @@ def test_in_place_and_overlap(op, dtype):
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_cluster_grids_loop_over_rows(op, dtype):
-    """The cluster path forced on every dtype with more rows than twice the resident clusters,
-    so that every cluster takes each of its two mails more than once (and its reads of the
-    next row ahead land), in place over dy too."""
+    """The cluster path forced on every dtype with at least four times the resident
+    clusters' rows, so that every cluster takes each of its two mails at least twice, in
+    place over dy too; then rows of their own strides (y, dy and out padded apart)."""
     if not device_props(cupy.cuda.Device().id).has_clusters:
         pytest.skip("thread-block clusters need sm_90")
     rows, cols = 1001, 16384
@@ -175,11 +175,25 @@ def test_cluster_grids_loop_over_rows(op, dtype):
         OPS[op][1](y, dy, out=dy)
     plan = next(p for k, (p, *_) in softmax_grad._PLANS.items()
                 if k[1:5] == (op, dtype.name, rows, cols) and k[-1] == "cluster")
-    cluster = int(plan.kernel.rstrip(">").rsplit(",", 1)[1])
-    assert plan.path == "cluster" and rows > 2 * plan.grid // cluster, plan
+    clusters = plan.grid // int(plan.kernel.rstrip(">").rsplit(",", 1)[1])
+    assert plan.path == "cluster" and rows >= 4 * clusters, plan
     for got in (dx, dy):
         err = row_errors(got, ref).max()
-        assert err <= TOL[dtype.name], f"{plan.grid // cluster} clusters: error {err:.3g}"
+        assert err <= TOL[dtype.name], f"{clusters} clusters: error {err:.3g}"
+    # padded rows: y, dy and out one, two and three 16-byte packs apart (a slice a block of
+    # a cluster of 4 partly filled, for 16-bit rows)
+    rows, cols, pad = 7, 16392, 16 // dtype.itemsize
+    y, dy, yh, dyh = inputs((rows, cols), dtype, log, seed=12)
+    ys = cupy.full((rows, cols + pad), np.nan, dtype)[:, :cols]
+    dys = cupy.full((rows, cols + 2 * pad), np.nan, dtype)[:, :cols]
+    ys[...], dys[...] = y, dy
+    out = cupy.full((rows, cols + 3 * pad), np.nan, dtype)[:, :cols]
+    with _dispatch.force_path("cluster"):
+        assert OPS[op][1](ys, dys, out=out) is out
+    plan = next(p for k, (p, *_) in softmax_grad._PLANS.items()
+                if k[1:5] == (op, dtype.name, rows, cols) and k[-1] == "cluster")
+    assert plan.path == "cluster", plan
+    assert row_errors(out, reference(yh, dyh, -1, log)).max() <= TOL[dtype.name]
 
 
 @pytest.mark.parametrize("op", list(OPS))
