@@ -187,9 +187,10 @@ def _cluster_layout(npacks: int, pack_bytes: int, layouts: tuple[tuple[int, int]
 
 
 def _check_plan_args(op: str, ops: tuple[str, ...], dtype: str, rows: int, cols: int,
-                     force: str | None, paths: tuple[str, ...] = GRAD_PATHS) -> None:
+                     force: str | None, props: DeviceProps,
+                     paths: tuple[str, ...] = GRAD_PATHS) -> None:
     """The checks both planners make of their arguments (``ops``: the planner's ops,
-    ``paths``: its paths)."""
+    ``paths``: its paths; a forced cluster path needs sm_90)."""
     if op not in ops:
         raise ValueError(f"unknown op {op!r}; expected one of {ops}")
     if dtype not in CTYPE:
@@ -198,6 +199,8 @@ def _check_plan_args(op: str, ops: tuple[str, ...], dtype: str, rows: int, cols:
         raise ValueError(f"{op}: nothing to plan for ({rows}, {cols})")
     if force is not None and force not in paths:
         raise ValueError(f"{op} has no {force!r} path; expected one of {paths}")
+    if force == "cluster" and not props.has_clusters:
+        raise ValueError(f"{op}: path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
 
 
 def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
@@ -233,14 +236,13 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     ...           lambda kernel, block, smem: 4).kernel
     'cunorm::softmax_grad_cluster<cunorm::half_t, false, 8, 1024, 2, 8>'
     """
-    _check_plan_args(op, GRAD_OPS, dtype, rows, cols, force)
-    if force == "cluster" and not props.has_clusters:
-        raise ValueError(f"{op}: path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
+    _check_plan_args(op, GRAD_OPS, dtype, rows, cols, force, props)
     itemsize = ITEMSIZE[dtype]
     pack = max_pack(cols, itemsize, align_elems)
+    layout = grad_cluster_config(cols, pack, itemsize)  # (None: no cluster holds the row)
     clustered = (props.has_clusters and dtype in GRAD_CLUSTER_DTYPES
-                 and cols >= GRAD_CLUSTER_FROM[op] and _cluster_packs_allowed(
-                     op, itemsize, grad_cluster_config(cols, pack, itemsize)))
+                 and cols >= GRAD_CLUSTER_FROM[op] and _cluster_packs_allowed(op, itemsize,
+                                                                              layout))
     cfg = None
     for path in (force,) if force else GRAD_PATHS:
         if force or path != "cluster" or clustered:
@@ -251,7 +253,7 @@ def plan_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
         raise ValueError(f"{op}: rows of {cols} columns do not fit the {force!r} path")
     block, bound, group, packs = cfg
     if path == "cluster":
-        cluster = grad_cluster_config(cols, pack, itemsize)[4]
+        cluster = layout[4]
         name = grad_cluster_kernel(op, dtype, pack, bound, packs, cluster)
         grid = _cluster_grid(op, cols, name, cluster, block, 0, rows, props, occ, clusters,
                              force)
@@ -574,9 +576,7 @@ def plan_norm_grad(op: str, dtype: str, rows: int, cols: int, align_elems: int,
     >>> plan.rows.kernel, plan.rows.grid, plan.partial_rows
     ('cunorm::norm_grad_rows<cunorm::half_t, true, 8, 512, 256, 2, true, true>', 264, 264)
     """
-    _check_plan_args(op, NORM_GRAD_OPS, dtype, rows, cols, force, NORM_GRAD_PATHS)
-    if force == "cluster" and not props.has_clusters:
-        raise ValueError(f"{op}: path 'cluster' needs sm_90 or newer; device is sm_{props.arch}")
+    _check_plan_args(op, NORM_GRAD_OPS, dtype, rows, cols, force, props, NORM_GRAD_PATHS)
     itemsize = ITEMSIZE[dtype]
     pack = max_pack(cols, itemsize, align_elems)
     cfg, path = None, force
